@@ -1,0 +1,25 @@
+# Set-up, tests and the main job. Every target creates .venv first if it is missing.
+VENV ?= .venv
+PLATFORM ?= cpu
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-$(PLATFORM)
+
+.PHONY: setup test demo lint clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements.py csrc/cpu/kv_transfer.c
+	PLATFORM=$(PLATFORM) bash scripts/setup_env.sh $(VENV)
+
+test: setup
+	$(PY) -m ruff check lmcache_platforms tests scripts
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/lmcache-platforms demo
+
+lint: setup
+	$(PY) -m ruff check lmcache_platforms tests scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info lmcache_platforms/kernels/*.so

@@ -1,0 +1,1 @@
+/* native CPU transfer kernels: written with the kernels issue */

@@ -1,0 +1,1 @@
+"""lmcache_platforms (activation comes with the foundation)."""

@@ -1,0 +1,84 @@
+"""The one transfer operation every kernel backend implements, and the checks made before any byte moves."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+
+import torch
+
+from lmcache_platforms.layout.plane import Plane
+
+
+class Direction(enum.Enum):
+    """STORE copies paged planes into the chunk buffer (D2H); LOAD copies the buffer back (H2D)."""
+
+    STORE = "store"
+    LOAD = "load"
+
+
+class TransferError(ValueError):
+    """A transfer was refused before anything was written."""
+
+
+def buffer_bytes(planes: Sequence[Plane], rows: int) -> int:
+    """Size of the chunk buffer for ``rows`` rows: plane-major, plane ``p`` holds ``rows x row_bytes_p``."""
+    return rows * sum(p.row_bytes for p in planes)
+
+
+def validate_transfer(planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor) -> None:
+    """Raise TransferError naming the offending plane/value unless the call is well formed.
+
+    ``slots`` is int64, ``[R]`` (every plane uses the same slots) or ``[P, R]`` (one list per plane);
+    negative slots are skipped. ``buffer`` is contiguous, of any dtype, ``buffer_bytes(planes, R)`` bytes.
+    """
+    if not planes:
+        raise TransferError("a transfer group needs at least one plane")
+    if slots.dtype != torch.int64:
+        raise TransferError(f"slots must be int64, got {slots.dtype}")
+    if slots.dim() == 2:
+        if slots.shape[0] != len(planes):
+            raise TransferError(f"slots has {slots.shape[0]} rows for {len(planes)} planes")
+    elif slots.dim() != 1:
+        raise TransferError(f"slots must be [R] or [P, R], got shape {tuple(slots.shape)}")
+    if not buffer.is_contiguous():
+        raise TransferError("the chunk buffer must be contiguous")
+    rows = slots.shape[-1]
+    want = buffer_bytes(planes, rows)
+    got = buffer.numel() * buffer.element_size()
+    if got != want:
+        raise TransferError(f"chunk buffer holds {got} bytes, {rows} rows of these planes need {want}")
+    if rows == 0:
+        return
+    per_plane = slots if slots.dim() == 2 else slots.unsqueeze(0).expand(len(planes), rows)
+    highest = per_plane.max(dim=1).values.tolist()
+    for plane, top in zip(planes, highest, strict=True):
+        if plane.storage is None:
+            raise TransferError(f"plane {plane.name!r} of layer {plane.layer!r} has no tensor behind it")
+        if top >= plane.geometry.num_slots:
+            raise TransferError(
+                f"slot {top} is beyond plane {plane.name!r} of layer {plane.layer!r} "
+                f"({plane.geometry.num_slots} slots: {plane.geometry.num_blocks} blocks x "
+                f"{plane.geometry.rows_per_block} rows)"
+            )
+
+
+class KernelBackend(abc.ABC):
+    """A way to run the transfer; the registry asks ``availability`` and ``unsupported`` before choosing it."""
+
+    name: str
+
+    @abc.abstractmethod
+    def availability(self) -> tuple[bool, str]:
+        """(usable on this machine, why or why not)."""
+
+    def unsupported(self, planes: Sequence[Plane]) -> str | None:
+        """None when this backend can move these planes, else the reason it cannot."""
+        return None
+
+    @abc.abstractmethod
+    def transfer(
+        self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
+    ) -> None:
+        """Move every row with a non-negative slot between the planes and ``buffer``; validate first."""

