@@ -1,0 +1,52 @@
+"""The declaration of one upstream replacement: what, by what, for which upstream versions."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``"pkg.module:attr"`` -> ``("pkg.module", "attr")``; rejects anything else."""
+    module, sep, attr = ref.partition(":")
+    if not sep or not module or not attr or "." in attr:
+        raise ValueError(f"expected 'module.path:attribute', got {ref!r}")
+    return module, attr
+
+
+def resolve(ref: str) -> Any:
+    """Import ``module`` and return its ``attr``."""
+    module, attr = split_ref(ref)
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One upstream symbol we replace.
+
+    ``versions`` is a requirement string on the distribution that owns the target (``"lmcache==0.5.6"``); the
+    patch is refused when the installed version is outside it. ``stale_copies`` name modules that did
+    ``from target_module import attr`` and so hold the original object under the same name: they are rebound
+    too. ``requires`` names top-level modules that must be installed for the patch to apply at all (otherwise it
+    is "not applicable", e.g. vLLM integration on a machine without vLLM).
+    """
+
+    target: str
+    replacement: str
+    versions: str
+    stale_copies: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        split_ref(self.target)
+        split_ref(self.replacement)
+
+    @property
+    def module(self) -> str:
+        return split_ref(self.target)[0]
+
+    @property
+    def attr(self) -> str:
+        return split_ref(self.target)[1]
