@@ -69,11 +69,11 @@ class PatchRegistry:
         patches: Sequence[Patch],
         *,
         allow_unknown_versions: bool = False,
-        version_of: Callable[[str], str | None] = installed_version,
+        version_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.records = [PatchRecord(p) for p in patches]
         self._allow_unknown = allow_unknown_versions
-        self._version_of = version_of
+        self._version_of = version_of or installed_version
         self._lock = threading.RLock()
         self._active = False
         self._hooked: set[str] = set()

@@ -1,0 +1,134 @@
+"""What ``import lmcache_platforms`` does: choose the platform, apply the patch catalog, register our vLLM
+connectors when vLLM's connector factory is imported. Once per process, thread-safe, one summary log line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
+
+from lmcache_platforms.log import init_logger
+from lmcache_platforms.patching.catalog import PATCHES
+from lmcache_platforms.patching.registry import PatchRegistry
+from lmcache_platforms.patching.versions import UnsupportedUpstreamVersion
+
+logger = init_logger(__name__)
+
+DISABLE_ENV = "LMCACHE_PLATFORMS_DISABLE"
+ALLOW_UNKNOWN_ENV = "LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS"
+VLLM_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
+REGISTRATION = "lmcache_platforms.integration.vllm.registration"
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass
+class Activation:
+    """The state of this process's activation, as ``status()`` reports it."""
+
+    activated: bool = False
+    disabled: bool = False
+    platform: str | None = None
+    error: str | None = None
+    registry: PatchRegistry | None = None
+    connectors: dict[str, Any] = field(default_factory=lambda: {"state": "waiting for vLLM", "names": []})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "activated": self.activated,
+            "disabled": self.disabled,
+            "platform": self.platform,
+            "error": self.error,
+            "patches": self.registry.report() if self.registry else [],
+            "connectors": dict(self.connectors),
+        }
+
+
+_lock = threading.RLock()
+_state: Activation | None = None
+
+
+def activate() -> Activation:
+    """Activate once; later calls return the same state. Raises UnsupportedUpstreamVersion (nothing applied)
+    when upstream is a version our patches do not know, unless LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1."""
+    global _state
+    with _lock:
+        if _state is not None and (_state.activated or _state.disabled):
+            return _state
+        state = Activation()
+        if _flag(DISABLE_ENV):
+            state.disabled = True
+            _state = state
+            logger.info("lmcache_platforms disabled by %s=1: nothing patched or registered", DISABLE_ENV)
+            return state
+        from lmcache_platforms.platforms.detect import current_platform
+
+        try:
+            state.platform = current_platform().name
+            state.registry = PatchRegistry(PATCHES, allow_unknown_versions=_flag(ALLOW_UNKNOWN_ENV))
+            state.registry.apply()
+        except Exception as exc:
+            state.error = f"{type(exc).__name__}: {exc}"
+            _state = state
+            raise
+        wrapt.register_post_import_hook(_register_connectors, VLLM_FACTORY)
+        state.activated = True
+        _state = state
+        logger.info("lmcache_platforms activated: %s", summary(state))
+        return state
+
+
+def _register_connectors(_factory_module: Any) -> None:
+    """Post-import hook on vLLM's connector factory: add our connector names to it."""
+    import importlib
+
+    state = _state
+    if state is None or not state.activated:
+        return
+    try:
+        names = importlib.import_module(REGISTRATION).register_connectors()
+    except Exception as exc:  # noqa: BLE001 - vLLM must still start; the failure is logged and reported
+        state.connectors = {"state": "failed", "names": [], "detail": f"{type(exc).__name__}: {exc}"}
+        logger.error("lmcache_platforms could not register its vLLM connectors: %s", state.connectors["detail"])
+        return
+    state.connectors = {"state": "registered", "names": list(names)}
+    logger.info("lmcache_platforms registered vLLM connectors: %s", ", ".join(names))
+
+
+def summary(state: Activation) -> str:
+    """One line: platform and patch counts by state."""
+    counts: dict[str, int] = {}
+    for entry in state.registry.report() if state.registry else []:
+        counts[entry["state"]] = counts.get(entry["state"], 0) + 1
+    patches = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none declared"
+    return f"platform={state.platform}; patches: {patches}; vLLM connectors: {state.connectors['state']}"
+
+
+def status() -> dict[str, Any]:
+    """What activation did in this process (activating first if nobody has)."""
+    with _lock:
+        if _state is None:
+            with contextlib.suppress(UnsupportedUpstreamVersion):
+                activate()
+        assert _state is not None
+        return _state.as_dict()
+
+
+def vllm_plugin() -> None:
+    """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts."""
+    import lmcache_platforms  # noqa: F401 - importing the package is the activation
+
+
+def reset_for_tests() -> None:
+    """Undo activation (roll back patches) so a test can activate again under other conditions."""
+    global _state
+    with _lock:
+        if _state is not None and _state.registry is not None:
+            _state.registry.rollback()
+        _state = None

@@ -1,0 +1,84 @@
+"""Report what is installed, which patches are applied, which kernel backends and platforms are usable.
+
+Exit 1, with the reason, when activation failed or an applicable patch failed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform as pyplatform
+import sys
+from typing import Any
+
+VERSIONED = {
+    "torch": "torch",
+    "lmcache": "lmcache",
+    "vllm": "vllm",
+    "vllm_ascend": "vllm_ascend",
+    "torch_npu": "torch_npu",
+    "ipex": "intel_extension_for_pytorch",
+    "triton": "triton",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+def collect() -> dict[str, Any]:
+    """Everything doctor reports, as one JSON-ready dict."""
+    import lmcache_platforms
+    from lmcache_platforms.kernels.registry import describe_backends
+    from lmcache_platforms.patching.versions import installed_version
+    from lmcache_platforms.platforms.detect import describe_platforms
+
+    state = lmcache_platforms.status()
+    versions: dict[str, str | None] = {"python": pyplatform.python_version()}
+    versions.update({key: installed_version(name) for key, name in VERSIONED.items()})
+    return {
+        "activated": state["activated"],
+        "disabled": state["disabled"],
+        "error": state["error"],
+        "platform": state["platform"] or "unknown",
+        "versions": versions,
+        "platforms": describe_platforms(),
+        "kernel_backends": describe_backends(),
+        "patches": [{"target": p["target"], "applied": p["applied"], "detail": f"{p['state']}: {p['detail']}"}
+                    for p in state["patches"]],
+        "connectors": state["connectors"],
+    }
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """Why doctor exits 1: activation errors and failed applicable patches."""
+    found = []
+    if report["error"]:
+        found.append(f"activation failed: {report['error']}")
+    found += [f"patch {p['target']}: {p['detail']}" for p in report["patches"] if p["detail"].startswith("failed")]
+    if report["connectors"].get("state") == "failed":
+        found.append(f"vLLM connector registration failed: {report['connectors'].get('detail')}")
+    return found
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    print(f"activated: {report['activated']}   platform: {report['platform']}")
+    print("versions: " + ", ".join(f"{k}={v}" for k, v in report["versions"].items()))
+    for p in report["platforms"]:
+        print(f"platform {p['name']:5s} {'yes' if p['available'] else 'no ':3s}  {p['reason']}")
+    for b in report["kernel_backends"]:
+        print(f"kernels  {b['name']:7s} {'yes' if b['available'] else 'no ':3s}  {b['reason']}")
+    for p in report["patches"]:
+        print(f"patch    {p['target']}  {p['detail']}")
+    print(f"vLLM connectors: {report['connectors']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect()
+    found = problems(report)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_table(report)
+    for line in found:
+        print(f"doctor: {line}", file=sys.stderr)
+    return 1 if found else 0

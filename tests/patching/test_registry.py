@@ -1,0 +1,146 @@
+"""The patch registry on throw-away modules: immediate and deferred patching, stale copies, rollback, versions."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import threading
+import uuid
+
+import pytest
+
+from lmcache_platforms.patching.patch import Patch
+from lmcache_platforms.patching.registry import PatchRegistry, PatchState
+from lmcache_platforms.patching.versions import UnsupportedUpstreamVersion, check_version
+
+
+@pytest.fixture
+def modules(tmp_path, monkeypatch):
+    """Writes a fresh package with an upstream module, a stale-copy module and replacements; returns names."""
+    pkg = f"fakeup_{uuid.uuid4().hex[:8]}"
+    root = tmp_path / pkg
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "target.py").write_text("def thing():\n    return 'upstream'\n\ndef other():\n    return 'upstream'\n")
+    (root / "user.py").write_text(f"from {pkg}.target import thing\n")
+    (root / "ours.py").write_text(textwrap.dedent("""
+        def thing():
+            return 'ours'
+
+        def other():
+            return 'ours'
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield pkg
+    for name in [m for m in sys.modules if m.startswith(pkg)]:
+        del sys.modules[name]
+
+
+def _patch(pkg: str, attr: str = "thing", **kw) -> Patch:
+    return Patch(target=f"{pkg}.target:{attr}", replacement=f"{pkg}.ours:{attr}", versions="lmcache>=0",
+                 stale_copies=(f"{pkg}.user",), **kw)
+
+
+def test_imported_target_and_stale_copy_are_replaced_at_once(modules):
+    target = importlib.import_module(f"{modules}.target")
+    user = importlib.import_module(f"{modules}.user")
+    registry = PatchRegistry([_patch(modules)])
+    registry.apply()
+    ours = importlib.import_module(f"{modules}.ours").thing
+    assert target.thing is ours and user.thing is ours
+    assert registry.records[0].state is PatchState.APPLIED
+    registry.rollback()
+    assert target.thing() == "upstream" and user.thing() == "upstream"
+
+
+def test_target_imported_later_is_patched_by_the_import_hook(modules):
+    registry = PatchRegistry([_patch(modules)])
+    registry.apply()
+    assert f"{modules}.target" not in sys.modules
+    assert registry.records[0].state is PatchState.PENDING
+    user = importlib.import_module(f"{modules}.user")  # imports target first, then copies the name
+    target = sys.modules[f"{modules}.target"]
+    assert target.thing() == "ours"
+    assert user.thing() == "ours"
+    assert registry.records[0].state is PatchState.APPLIED
+    registry.rollback()
+
+
+def test_applying_twice_changes_nothing(modules):
+    importlib.import_module(f"{modules}.target")
+    registry = PatchRegistry([_patch(modules)])
+    registry.apply()
+    first = registry.report()
+    registry.apply()
+    assert registry.report() == first
+    registry.rollback()
+
+
+def test_a_failing_patch_rolls_back_the_ones_before_it(modules):
+    target = importlib.import_module(f"{modules}.target")
+    broken = Patch(target=f"{modules}.target:other", replacement=f"{modules}.ours:missing", versions="lmcache>=0")
+    registry = PatchRegistry([_patch(modules), broken])
+    registry.apply()
+    assert target.thing() == "upstream" and target.other() == "upstream"
+    states = [r.state for r in registry.records]
+    assert states == [PatchState.ROLLED_BACK, PatchState.FAILED]
+    assert "AttributeError" in registry.records[1].detail
+    assert registry.failed == [registry.records[1]]
+
+
+def test_patch_needing_an_absent_module_is_not_applicable(modules):
+    registry = PatchRegistry([_patch(modules, requires=("no_such_module_for_sure",))])
+    registry.apply()
+    record = registry.records[0]
+    assert record.state is PatchState.NOT_APPLICABLE
+    assert record.detail == "no_such_module_for_sure not installed"
+
+
+def test_unknown_upstream_version_is_refused_with_both_versions_named(modules):
+    importlib.import_module(f"{modules}.target")
+    patch = Patch(target=f"{modules}.target:thing", replacement=f"{modules}.ours:thing", versions="lmcache==0.5.6")
+    registry = PatchRegistry([patch], version_of=lambda name: "0.4.0")
+    with pytest.raises(UnsupportedUpstreamVersion) as err:
+        registry.apply()
+    assert str(err.value) == (
+        "installed lmcache 0.4.0 is not a version these patches know (known: ==0.5.6) "
+        "(set LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1 to try anyway)"
+    )
+    assert sys.modules[f"{modules}.target"].thing() == "upstream"
+
+
+def test_unknown_version_can_be_allowed_explicitly(modules):
+    target = importlib.import_module(f"{modules}.target")
+    patch = Patch(target=f"{modules}.target:thing", replacement=f"{modules}.ours:thing", versions="lmcache==0.5.6")
+    registry = PatchRegistry([patch], version_of=lambda name: "0.4.0", allow_unknown_versions=True)
+    registry.apply()
+    assert target.thing() == "ours"
+    registry.rollback()
+
+
+def test_concurrent_apply_patches_once(modules):
+    importlib.import_module(f"{modules}.target")
+    registry = PatchRegistry([_patch(modules)])
+    threads = [threading.Thread(target=registry.apply) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    record = registry.records[0]
+    assert record.state is PatchState.APPLIED
+    assert record.original() == "upstream"
+    registry.rollback()
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [("0.5.6", None), ("0.5.6.post1", None), (None, "lmcache is not installed (patches written for lmcache==0.5.6)")],
+)
+def test_check_version(installed, expected):
+    assert check_version("lmcache==0.5.6", installed) == expected
+
+
+def test_malformed_refs_are_rejected():
+    with pytest.raises(ValueError, match=r"expected 'module\.path:attribute'"):
+        Patch(target="lmcache.no_colon", replacement="a:b", versions="lmcache==0.5.6")

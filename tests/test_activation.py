@@ -1,0 +1,69 @@
+"""Activation as a user meets it: in a fresh interpreter, with and without the opt-out switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import lmcache_platforms
+from lmcache_platforms import activation
+
+
+def _fresh(code: str, **env: str) -> str:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                            env={**os.environ, **env})
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_import_activates_once_without_importing_upstream():
+    code = ("import sys, json, lmcache_platforms as p; p.activate(); p.activate();"
+            "print(json.dumps([p.status(), 'lmcache' in sys.modules, 'vllm' in sys.modules]))")
+    state, lmcache_loaded, vllm_loaded = json.loads(_fresh(code, LMCACHE_PLATFORMS_DISABLE=""))
+    assert state["activated"] is True and state["disabled"] is False and state["error"] is None
+    assert state["platform"] == "cpu"
+    assert (lmcache_loaded, vllm_loaded) == (False, False)
+
+
+def test_disable_switch_applies_nothing():
+    code = ("import json, lmcache_platforms as p, lmcache.integration.vllm.vllm_v1_adapter as a;"
+            "print(json.dumps([p.status(), a.LMCacheConnectorV1Impl.__module__]))")
+    state, impl_module = json.loads(_fresh(code, LMCACHE_PLATFORMS_DISABLE="1"))
+    assert state["disabled"] is True and state["activated"] is False
+    assert state["patches"] == []
+    assert impl_module == "lmcache.integration.vllm.vllm_v1_adapter"
+
+
+def test_activation_is_idempotent_in_process():
+    first = lmcache_platforms.activate()
+    assert lmcache_platforms.activate() is first
+    assert activation.summary(first).startswith("platform=cpu; patches: ")
+
+
+def test_unknown_upstream_version_fails_activation_and_is_reported(monkeypatch):
+    from lmcache_platforms.patching import registry
+    from lmcache_platforms.patching.catalog import PATCHES
+    from lmcache_platforms.patching.patch import Patch
+
+    fake = Patch(target="json:dumps", replacement="json:loads", versions="lmcache==0.5.6")
+    monkeypatch.setattr(activation, "PATCHES", (*PATCHES, fake))
+    monkeypatch.setattr(registry, "installed_version", lambda name: "0.0.1")
+    activation.reset_for_tests()
+    try:
+        try:
+            activation.activate()
+        except registry.UnsupportedUpstreamVersion as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("activation accepted an unknown lmcache version")
+        assert "installed lmcache 0.0.1 is not a version these patches know (known: ==0.5.6)" in message
+        state = lmcache_platforms.status()
+        assert state["activated"] is False and "UnsupportedUpstreamVersion" in state["error"]
+        import json as json_module
+
+        assert json_module.dumps.__module__ == "json"
+    finally:
+        monkeypatch.undo()
+        activation.reset_for_tests()
+        activation.activate()
