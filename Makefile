@@ -12,6 +12,7 @@ $(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements
 	PLATFORM=$(PLATFORM) bash scripts/setup_env.sh $(VENV)
 
 test: setup
+	bash scripts/test_services.sh
 	$(PY) -m ruff check lmcache_platforms tests scripts
 	$(PY) -m pytest -q
 

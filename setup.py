@@ -48,6 +48,7 @@ setup(
         "torch>=2.4",
         LMCACHE_PIN,
         "wrapt>=1.14",
+        "packaging",
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "ruff", "redis"],
