@@ -1,0 +1,102 @@
+"""KV-cache groups (one per vLLM ``KVCacheGroupSpec``) and the rule deciding which of them are saved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lmcache_platforms.layout.errors import LayoutError
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One scheduler group: layers sharing one block table, hence one slot mapping.
+
+    ``block_size`` counts ROWS per block (vLLM 0.32 ``spec.block_size // tokens_per_state``); one row holds
+    ``tokens_per_row`` tokens (the compress ratio, 1 for plain attention). ``sliding_window`` is in tokens.
+    """
+
+    index: int
+    block_size: int
+    tokens_per_row: int = 1
+    sliding_window: int | None = None
+    is_state: bool = False
+    layer_names: tuple[str, ...] = ()
+    spec_name: str = ""
+
+    @property
+    def tokens_per_block(self) -> int:
+        """Tokens one block covers: what vLLM's scheduler calls the block size."""
+        return self.block_size * self.tokens_per_row
+
+    def describe(self) -> str:
+        """How error messages name this group."""
+        return f"group {self.index}" + (f" ({self.spec_name})" if self.spec_name else "")
+
+
+def _matches(group: KVGroup, names: Iterable[str]) -> bool:
+    return any(name == str(group.index) or (group.spec_name and name == group.spec_name) for name in names)
+
+
+def looks_like_state(group: KVGroup, state_markers: Sequence[str] = ("State",)) -> bool:
+    """A state group by flag, or by a spec class name containing one of ``state_markers``."""
+    return group.is_state or any(marker and marker in group.spec_name for marker in state_markers)
+
+
+def is_saved(
+    group: KVGroup,
+    state_markers: Sequence[str] = ("State",),
+    save_groups: Sequence[str] = (),
+    skip_groups: Sequence[str] = (),
+) -> bool:
+    """Whether chunks carry this group: deny list, then allow list, then "state groups are skipped".
+
+    List entries match a group's index (as text) or its exact spec class name. State is skipped by default
+    only because it is not needed to resume at a chunk boundary; ``save_groups`` overrides that.
+    """
+    if _matches(group, skip_groups):
+        return False
+    if _matches(group, save_groups):
+        return True
+    return not looks_like_state(group, state_markers)
+
+
+def validate_groups(groups: Sequence[KVGroup], chunk_size: int) -> None:
+    """Raise LayoutError unless these groups can share one chunk layout.
+
+    Block sizes are compared in TOKENS (``tokens_per_block``): that is the unit vLLM's scheduler aligns
+    blocks in and the one chunk boundaries are measured in, so a compressed group with fewer rows per
+    block is still aligned with the others. Every group's must divide the largest.
+    """
+    if chunk_size <= 0:
+        raise LayoutError(f"chunk_size must be positive, got {chunk_size}")
+    seen: set[int] = set()
+    for group in groups:
+        name = group.describe()
+        if group.index in seen:
+            raise LayoutError(f"{name}: index {group.index} appears twice")
+        seen.add(group.index)
+        if group.block_size <= 0:
+            raise LayoutError(f"{name}: block_size must be positive, got {group.block_size}")
+        if group.tokens_per_row <= 0:
+            raise LayoutError(f"{name}: tokens_per_row must be positive, got {group.tokens_per_row}")
+        if chunk_size % group.tokens_per_row:
+            raise LayoutError(
+                f"{name}: tokens_per_row {group.tokens_per_row} does not divide chunk_size {chunk_size}"
+            )
+        window = group.sliding_window
+        if window is not None:
+            if window <= 0:
+                raise LayoutError(f"{name}: sliding_window must be positive, got {window}")
+            if window % group.tokens_per_row:
+                raise LayoutError(
+                    f"{name}: tokens_per_row {group.tokens_per_row} does not divide sliding_window {window}"
+                )
+    if groups:
+        largest = max(g.tokens_per_block for g in groups)
+        for group in groups:
+            if largest % group.tokens_per_block:
+                raise LayoutError(
+                    f"{group.describe()}: block of {group.tokens_per_block} tokens does not divide the "
+                    f"largest block ({largest} tokens)"
+                )

@@ -1,0 +1,77 @@
+"""Byte-overlap checks for the planes of one layer: two planes writing the same byte corrupt each other.
+
+Exact within a window: addresses are enumerated only where two planes' spans meet (at most WINDOW bytes
+from where they start meeting), which catches every real mistake (a wrong hint, a wrong kv split, a
+K/V pair aliasing) without enumerating a multi-gigabyte pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from lmcache_platforms.layout.errors import LayoutError
+from lmcache_platforms.layout.plane import Plane
+
+WINDOW = 1 << 22
+
+
+def _block_span(plane: Plane) -> int:
+    g = plane.geometry
+    return (g.rows_per_block - 1) * g.row_stride + (g.segments - 1) * g.segment_stride + g.segment_bytes
+
+
+def _addresses(plane: Plane, lo: int, hi: int) -> torch.Tensor:
+    """Absolute addresses of every payload byte of the blocks that touch ``[lo, hi)``."""
+    g = plane.geometry
+    inner = _block_span(plane)
+    stride = max(g.block_stride, 1)
+    first = max(0, (lo - plane.offset - inner) // stride)
+    last = min(g.num_blocks, (hi - plane.offset) // stride + 1)
+    if last <= first:
+        return torch.empty(0, dtype=torch.int64)
+    blocks = torch.arange(first, last, dtype=torch.int64) * g.block_stride
+    rows = torch.arange(g.rows_per_block, dtype=torch.int64) * g.row_stride
+    segs = torch.arange(g.segments, dtype=torch.int64) * g.segment_stride
+    byte = torch.arange(g.segment_bytes, dtype=torch.int64)
+    addr = plane.offset + (blocks[:, None, None, None] + rows[:, None, None] + segs[:, None] + byte)
+    return addr.reshape(-1)
+
+
+def _start_end(plane: Plane) -> tuple[int, int]:
+    return plane.offset, plane.offset + plane.geometry.span_bytes
+
+
+def _same_allocation(a: Plane, b: Plane) -> bool:
+    if a.storage is None or b.storage is None or a.storage.device.type == "meta":
+        return False
+    return a.storage.device == b.storage.device and a.storage.data_ptr() == b.storage.data_ptr()
+
+
+def check_plane(plane: Plane) -> None:
+    """Raise LayoutError if two slots (or two bytes of one row) of ``plane`` share a byte."""
+    start, end = _start_end(plane)
+    addr = _addresses(plane, start, min(end, start + WINDOW))
+    if addr.numel() != torch.unique(addr).numel():
+        raise LayoutError(f"layer {plane.layer!r} plane {plane.name!r}: rows overlap themselves "
+                          f"({plane.geometry})")
+
+
+def check_layer(planes: Sequence[Plane]) -> None:
+    """Raise LayoutError naming the pair if two planes of one layer share a byte of one allocation."""
+    for plane in planes:
+        check_plane(plane)
+    for i, a in enumerate(planes):
+        for b in planes[i + 1 :]:
+            if not _same_allocation(a, b):
+                continue
+            (a0, a1), (b0, b1) = _start_end(a), _start_end(b)
+            lo, hi = max(a0, b0), min(a1, b1)
+            if lo >= hi:
+                continue
+            hi = min(hi, lo + WINDOW)
+            if bool(torch.isin(_addresses(a, lo, hi), _addresses(b, lo, hi)).any()):
+                raise LayoutError(
+                    f"layer {a.layer!r}: planes {a.name!r} and {b.name!r} overlap in memory"
+                )

@@ -1,0 +1,119 @@
+"""Slot and row arithmetic of one KV-cache group: which rows a token range owns and where they live.
+
+Pure functions; block ids come as python lists or int64 tensors (vLLM gives one list per group). A row
+holds ``tokens_per_row`` consecutive tokens; row ``r`` lives in block ``ids[r // block_size]`` at offset
+``r % block_size`` and its slot is ``block * block_size + offset``. Block id 0 is vLLM's null block (no
+storage), so its rows get slot -1, which every transfer skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from lmcache_platforms.layout.errors import LayoutError
+from lmcache_platforms.layout.groups import KVGroup
+
+BlockIds = Sequence[int] | torch.Tensor
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _as_tensor(block_ids: BlockIds) -> torch.Tensor:
+    if isinstance(block_ids, torch.Tensor):
+        return block_ids.to(torch.int64).reshape(-1)
+    return torch.tensor(list(block_ids), dtype=torch.int64)
+
+
+def rows_for_tokens(num_tokens: int, group: KVGroup) -> int:
+    """Rows ``num_tokens`` tokens occupy in this group (a partly filled last row counts)."""
+    if num_tokens < 0:
+        raise LayoutError(f"{group.describe()}: negative token count {num_tokens}")
+    return _ceil_div(num_tokens, group.tokens_per_row)
+
+
+def _slots_of_rows(group: KVGroup, block_ids: BlockIds, rows: torch.Tensor) -> torch.Tensor:
+    ids = _as_tensor(block_ids).to(rows.device)
+    if rows.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=rows.device)
+    needed = int(rows.max()) // group.block_size + 1
+    if needed > ids.numel():
+        raise LayoutError(
+            f"{group.describe()}: row {int(rows.max())} needs {needed} blocks of {group.block_size} rows, "
+            f"only {ids.numel()} block ids given"
+        )
+    blocks = ids[rows // group.block_size]
+    if bool((blocks < 0).any()):
+        raise LayoutError(f"{group.describe()}: negative block id {int(blocks.min())}")
+    slots = blocks * group.block_size + rows % group.block_size
+    return torch.where(blocks == 0, torch.full_like(slots, -1), slots)
+
+
+def slot_mapping(group: KVGroup, block_ids: BlockIds, num_rows: int) -> torch.Tensor:
+    """int64 slots of rows ``[0, num_rows)``; rows in the null block get -1."""
+    device = block_ids.device if isinstance(block_ids, torch.Tensor) else "cpu"
+    return _slots_of_rows(group, block_ids, torch.arange(num_rows, dtype=torch.int64, device=device))
+
+
+def _check_chunk(group: KVGroup, start: int, end: int, chunk_size: int) -> None:
+    if start < 0 or end <= start or end - start > chunk_size or start % chunk_size:
+        raise LayoutError(
+            f"{group.describe()}: [{start}, {end}) is not a chunk of {chunk_size} tokens "
+            "(start a multiple of the chunk size, 1 to chunk_size tokens long)"
+        )
+    if chunk_size % group.tokens_per_row:
+        raise LayoutError(
+            f"{group.describe()}: tokens_per_row {group.tokens_per_row} does not divide chunk_size {chunk_size}"
+        )
+
+
+def chunk_rows(group: KVGroup, start: int, end: int, chunk_size: int) -> tuple[int, int]:
+    """(first_row, num_rows): the rows chunk ``[start, end)`` stores.
+
+    Those are the rows whose first token lies in the chunk; a sliding-window group keeps only rows whose
+    first token is ``>= end - sliding_window`` (the tail attention still needs at the chunk's end).
+    """
+    _check_chunk(group, start, end, chunk_size)
+    cr = group.tokens_per_row
+    first, stop = _ceil_div(start, cr), _ceil_div(end, cr)
+    if group.sliding_window is not None:
+        first = max(first, _ceil_div(end - group.sliding_window, cr))
+    return first, max(0, stop - first)
+
+
+def physical_rows_per_chunk(group: KVGroup, chunk_size: int) -> int:
+    """Rows one chunk reserves for this group: all its rows, or only the window's for sliding groups."""
+    full = _ceil_div(chunk_size, group.tokens_per_row)
+    if group.sliding_window is None:
+        return full
+    return min(full, max(1, group.sliding_window // group.tokens_per_row))
+
+
+def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk_size: int) -> torch.Tensor:
+    """Slots of the rows chunk ``[start, end)`` stores, in row order, padded with -1 to the physical size."""
+    first, count = chunk_rows(group, start, end, chunk_size)
+    device = block_ids.device if isinstance(block_ids, torch.Tensor) else "cpu"
+    rows = torch.arange(first, first + count, dtype=torch.int64, device=device)
+    out = torch.full((physical_rows_per_chunk(group, chunk_size),), -1, dtype=torch.int64, device=device)
+    out[:count] = _slots_of_rows(group, block_ids, rows)
+    return out
+
+
+def primary_group(groups: Sequence[KVGroup], block_ids: Sequence[BlockIds]) -> KVGroup:
+    """The group whose block table covers the most tokens (ties: lowest index).
+
+    Counted in tokens (``len(ids) * tokens_per_block``) so a compressed group with few large blocks is not
+    outranked by a plain one covering less; ``block_ids`` is indexed by ``group.index`` as vLLM orders it.
+    """
+    if not groups:
+        raise LayoutError("no groups to choose a primary group from")
+
+    def coverage(group: KVGroup) -> tuple[int, int]:
+        if group.index >= len(block_ids):
+            raise LayoutError(f"{group.describe()}: no block ids given ({len(block_ids)} lists)")
+        return (len(block_ids[group.index]) * group.tokens_per_block, -group.index)
+
+    return max(groups, key=coverage)
