@@ -1,0 +1,105 @@
+"""Native CPU transfer: one call into ``csrc/cpu/kv_transfer.c`` (C + OpenMP) per transfer group and direction.
+
+The library is a plain C ABI loaded with ctypes (no Python headers, no torch ABI to match), built by setup.py
+as ``lmcache_platforms.kernels._cpu_transfer``. When the build failed the backend reports itself unavailable
+with the reason, and the registry falls back to ``torch``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+from collections.abc import Sequence
+
+import torch
+
+from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
+from lmcache_platforms.kernels.plane_table import TableCache, plane_device
+from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
+
+LIBRARY_MODULE = "lmcache_platforms.kernels._cpu_transfer"
+ABI_VERSION = 1
+_DIRECTIONS = {Direction.STORE: 0, Direction.LOAD: 1}
+_REBUILD_HINT = "rebuild with `python setup.py build_ext --inplace` or `pip install -e .`"
+
+
+@functools.cache
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why it cannot be used)."""
+    try:
+        spec = importlib.util.find_spec(LIBRARY_MODULE)
+    except (ImportError, ValueError) as exc:
+        return None, f"cannot look up {LIBRARY_MODULE}: {exc}"
+    if spec is None or not spec.origin:
+        return None, f"{LIBRARY_MODULE} was not built; {_REBUILD_HINT}"
+    try:
+        lib = ctypes.CDLL(spec.origin)
+        version = lib.lmcp_abi_version()
+    except (OSError, AttributeError) as exc:
+        return None, f"cannot load {spec.origin}: {exc}; {_REBUILD_HINT}"
+    if version != ABI_VERSION:
+        return None, f"{spec.origin} has ABI {version}, this package needs {ABI_VERSION}; {_REBUILD_HINT}"
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
+    lib.lmcp_transfer.restype = ctypes.c_int
+    return lib, ""
+
+
+class CpuBackend(KernelBackend):
+    """Planes, slots and buffer all in host memory; parallel over (plane, row) with torch's thread count."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._tables = {direction: TableCache() for direction in Direction}
+        self._warned = False
+
+    def availability(self) -> tuple[bool, str]:
+        lib, reason = load_library()
+        return (True, f"native C/OpenMP library, {torch.get_num_threads()} threads") if lib else (False, reason)
+
+    def unsupported(self, planes: Sequence[Plane]) -> str | None:
+        devices = {p.storage.device.type for p in planes if p.storage is not None}
+        if devices - {"cpu"}:
+            return f"planes on {sorted(devices)}, the cpu backend moves host memory only"
+        return None
+
+    def transfer(
+        self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
+    ) -> None:
+        lib, reason = load_library()
+        if lib is None:
+            if not self._warned:
+                self._warned = True
+                logger.warning("native CPU transfer kernels unavailable: %s", reason)
+            raise TransferError(f"the cpu backend is unavailable: {reason}")
+        validate_transfer(planes, slots, buffer)
+        if plane_device(planes).type != "cpu" or buffer.device.type != "cpu":
+            raise TransferError(
+                f"the cpu backend needs host tensors, got planes on {plane_device(planes)} "
+                f"and the buffer on {buffer.device}"
+            )
+        rows = slots.shape[-1]
+        table = self._tables[direction].get(planes)
+        if rows == 0:
+            return
+        slots = slots.contiguous() if slots.device.type == "cpu" else slots.to("cpu").contiguous()
+        status = lib.lmcp_transfer(
+            table.data_ptr(),
+            len(planes),
+            slots.data_ptr(),
+            rows if slots.dim() == 2 else 0,
+            rows,
+            buffer.data_ptr(),
+            _DIRECTIONS[direction],
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise TransferError(f"native transfer failed with status {status}")
+
+
+BACKEND = CpuBackend()

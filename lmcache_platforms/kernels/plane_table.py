@@ -1,0 +1,111 @@
+"""Per-plane parameter tables for the native and Triton kernels, built once per plane tuple and cached.
+
+A table is an int64 ``[P, 9]`` tensor; each row is one plane's absolute base address, its byte geometry and
+the row bytes of the planes before it (its rows start at ``prefix * R`` in the chunk buffer), in the field
+order of ``lmcp_plane`` in ``csrc/cpu/kv_transfer.c``.
+Building it is also where a plane is checked against the allocation behind it, because a native kernel
+would otherwise write past it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.layout.plane import Plane
+
+FIELDS = (
+    "base",
+    "block_stride",
+    "rows_per_block",
+    "row_stride",
+    "segments",
+    "segment_bytes",
+    "segment_stride",
+    "row_bytes",
+    "buffer_prefix",
+)
+
+
+def plane_device(planes: Sequence[Plane]) -> torch.device:
+    """The one device every plane of a transfer group lives on."""
+    devices = {p.storage.device for p in planes if p.storage is not None}
+    if len(devices) != 1:
+        raise TransferError(f"the planes of one transfer must share one device, got {sorted(map(str, devices))}")
+    return devices.pop()
+
+
+def check_bounds(plane: Plane) -> None:
+    """Raise TransferError unless every payload byte of the plane lies inside its allocation."""
+    if plane.storage is None:
+        raise TransferError(f"plane {plane.name!r} of layer {plane.layer!r} has no tensor behind it")
+    g = plane.geometry
+    values = (g.block_stride, g.row_stride, g.segment_stride, g.num_blocks, plane.offset)
+    if g.rows_per_block < 1 or g.segments < 1 or g.segment_bytes < 1 or min(values) < 0:
+        raise TransferError(f"plane {plane.name!r} of layer {plane.layer!r} has an invalid geometry {g}")
+    size = plane.storage.untyped_storage().nbytes()
+    if plane.offset + g.span_bytes > size:
+        raise TransferError(
+            f"plane {plane.name!r} of layer {plane.layer!r} reaches byte {plane.offset + g.span_bytes} "
+            f"of an allocation of {size} bytes"
+        )
+
+
+def build_table(planes: Sequence[Plane]) -> torch.Tensor:
+    """The int64 ``[P, 9]`` CPU table of ``planes`` (see FIELDS), after checking each plane's bounds."""
+    rows = []
+    buffer_prefix = 0
+    for plane in planes:
+        check_bounds(plane)
+        g = plane.geometry
+        base = plane.storage.untyped_storage().data_ptr() + plane.offset
+        rows.append(
+            (
+                base,
+                g.block_stride,
+                g.rows_per_block,
+                g.row_stride,
+                g.segments,
+                g.segment_bytes,
+                g.segment_stride,
+                g.row_bytes,
+                buffer_prefix,
+            )
+        )
+        buffer_prefix += g.row_bytes
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+class TableCache:
+    """An LRU of tables keyed by the planes and the address of each plane's allocation.
+
+    The address is part of the key because planes compare equal by description alone: a new allocation
+    with the same description must not reuse an old address. Tables are never written after they are
+    built; still, each backend keeps one cache per direction so store and load share nothing.
+    """
+
+    def __init__(self, capacity: int = 128) -> None:
+        self._capacity = capacity
+        self._tables: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, planes: Sequence[Plane], device: torch.device | None = None) -> torch.Tensor:
+        """The table of ``planes`` on ``device``."""
+        key = (tuple(planes), tuple(p.storage.untyped_storage().data_ptr() for p in planes), str(device))
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        table = build_table(planes)
+        if device is not None:
+            table = table.to(device)
+        with self._lock:
+            self._tables[key] = table
+            while len(self._tables) > self._capacity:
+                self._tables.popitem(last=False)
+        return table

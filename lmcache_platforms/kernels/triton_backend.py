@@ -1,0 +1,161 @@
+"""Triton transfer for CUDA and XPU (Intel's Triton backend): one launch per transfer group and direction.
+
+The grid is (row, plane, piece of row); each program reads its plane's geometry from an int64 table on the
+device (absolute addresses, so planes may live in different allocations) and moves one piece of one row in
+the widest unit (1, 2, 4 or 8 bytes) that every address and size of the group is a multiple of.
+On CPU it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter), which is how CI tests it.
+Triton is imported on first use, never at module import.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+
+from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
+from lmcache_platforms.kernels.plane_table import FIELDS, TableCache, plane_device
+from lmcache_platforms.layout.plane import Plane
+
+GPU_DEVICES = ("cuda", "xpu")
+_UNIT_DTYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _gpu_present() -> bool:
+    if torch.cuda.is_available():
+        return True
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
+
+
+@functools.cache
+def _kernel():
+    """Compile-on-demand kernel, defined here so that importing this module never imports Triton."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def transfer_kernel(
+        table_ptr,
+        slots_ptr,
+        slots_plane_stride,
+        num_rows,
+        buffer_ptr,
+        FIELD_COUNT: tl.constexpr,
+        UNIT: tl.constexpr,
+        UNIT_DTYPE: tl.constexpr,
+        STORE: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        plane = tl.program_id(1).to(tl.int64)
+        piece = tl.program_id(2).to(tl.int64)
+        entry = table_ptr + plane * FIELD_COUNT
+        base = tl.load(entry + 0)
+        block_stride = tl.load(entry + 1)
+        rows_per_block = tl.load(entry + 2)
+        row_stride = tl.load(entry + 3)
+        segment_bytes = tl.load(entry + 5)
+        segment_stride = tl.load(entry + 6)
+        row_bytes = tl.load(entry + 7)
+        prefix = tl.load(entry + 8)
+        slot = tl.load(slots_ptr + plane * slots_plane_stride + row)
+        safe = tl.maximum(slot, 0)
+        block = safe // rows_per_block
+        in_block = safe - block * rows_per_block
+        offs = (piece * BLOCK + tl.arange(0, BLOCK)).to(tl.int64) * UNIT
+        mask = offs < tl.where(slot >= 0, row_bytes, 0)
+        segment = offs // segment_bytes
+        within = offs - segment * segment_bytes
+        plane_addr = base + block * block_stride + in_block * row_stride + segment * segment_stride + within
+        plane_ptrs = plane_addr.to(tl.pointer_type(UNIT_DTYPE))
+        buffer_ptrs = (buffer_ptr + prefix * num_rows + row * row_bytes + offs).to(tl.pointer_type(UNIT_DTYPE))
+        if STORE:
+            tl.store(buffer_ptrs, tl.load(plane_ptrs, mask=mask), mask=mask)
+        else:
+            tl.store(plane_ptrs, tl.load(buffer_ptrs, mask=mask), mask=mask)
+
+    return transfer_kernel, tl
+
+
+def transfer_unit(planes: Sequence[Plane], buffer_address: int) -> int:
+    """Widest of 8/4/2/1 bytes dividing every address, stride and size the kernel touches."""
+    unit = 8
+    for plane in planes:
+        g = plane.geometry
+        base = plane.storage.untyped_storage().data_ptr() + plane.offset
+        for value in (base, g.block_stride, g.row_stride, g.segment_bytes, g.segment_stride):
+            unit = math.gcd(unit, value)
+    return math.gcd(unit, buffer_address)
+
+
+class TritonBackend(KernelBackend):
+    """Planes and buffer on the same CUDA/XPU device (or CPU under the interpreter)."""
+
+    name = "triton"
+    block = 1024
+
+    def __init__(self) -> None:
+        self._tables = {direction: TableCache() for direction in Direction}
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import triton
+        except ImportError as exc:
+            return False, f"triton is not installed ({exc})"
+        if interpreting():
+            return True, f"triton {triton.__version__} interpreter (TRITON_INTERPRET=1)"
+        if _gpu_present():
+            return True, f"triton {triton.__version__}"
+        return False, "no CUDA or XPU device (set TRITON_INTERPRET=1 to run on CPU)"
+
+    def unsupported(self, planes: Sequence[Plane]) -> str | None:
+        devices = {p.storage.device.type for p in planes if p.storage is not None}
+        allowed = {*GPU_DEVICES, "cpu"} if interpreting() else set(GPU_DEVICES)
+        if devices - allowed:
+            return f"planes on {sorted(devices)}, triton here moves {sorted(allowed)} memory"
+        return None
+
+    def transfer(
+        self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
+    ) -> None:
+        validate_transfer(planes, slots, buffer)
+        device = plane_device(planes)
+        reason = self.unsupported(planes)
+        if reason:
+            raise TransferError(reason)
+        if buffer.device != device:
+            raise TransferError(f"the triton backend needs the buffer on {device}, got {buffer.device}")
+        rows = slots.shape[-1]
+        table = self._tables[direction].get(planes, device)
+        if rows == 0:
+            return
+        kernel, tl = _kernel()
+        slots = slots.to(device).contiguous()
+        unit = transfer_unit(planes, buffer.data_ptr())
+        widest = max(p.row_bytes for p in planes) // unit
+        block = min(self.block, 1 << max(0, (widest - 1).bit_length()))
+        grid = (rows, len(planes), -(-widest // block))
+        kernel[grid](
+            table,
+            slots,
+            rows if slots.dim() == 2 else 0,
+            rows,
+            buffer.reshape(-1).view(torch.uint8),
+            FIELD_COUNT=len(FIELDS),
+            UNIT=unit,
+            UNIT_DTYPE=getattr(tl, _UNIT_DTYPES[unit]),
+            STORE=direction is Direction.STORE,
+            BLOCK=block,
+        )
+
+
+BACKEND = TritonBackend()

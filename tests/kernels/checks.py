@@ -1,0 +1,71 @@
+"""Contract checks shared by every backend's tests: same bytes as `torch`, and refusals before any write."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, buffer_bytes
+from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
+from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+from tests.kernels.strategies import allocations, clone_planes, random_buffer, storage_of
+
+
+def assert_store_matches_torch(backend: KernelBackend, planes, slots, seed: int) -> None:
+    """Store with ``backend`` and with ``torch`` into equal random buffers; the buffers must match exactly."""
+    rows = slots.shape[-1]
+    before = random_buffer(planes, rows, seed)
+    got, want = before.clone(), before.clone()
+    snapshot = [a.clone() for a in allocations(planes)]
+    backend.transfer(planes, slots, got, Direction.STORE)
+    TORCH.transfer(planes, slots, want, Direction.STORE)
+    assert torch.equal(got, want)
+    for plane_bytes, original in zip(allocations(planes), snapshot, strict=True):
+        assert torch.equal(plane_bytes, original), "a store wrote into a plane"
+
+
+def assert_load_matches_torch(backend: KernelBackend, planes, slots, seed: int) -> None:
+    """Load one random buffer with ``backend`` and with ``torch`` into equal planes; every byte must match."""
+    buffer = random_buffer(planes, slots.shape[-1], seed)
+    kept = buffer.clone()
+    reference = clone_planes(planes)
+    backend.transfer(planes, slots, buffer, Direction.LOAD)
+    TORCH.transfer(reference, slots, buffer, Direction.LOAD)
+    for got, want in zip(allocations(planes), allocations(reference), strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(buffer, kept), "a load wrote into the buffer"
+
+
+def small_group() -> list[Plane]:
+    """Two planes of 4 blocks x 2 rows x 8 bytes over one allocation."""
+    storage = storage_of(torch.arange(128, dtype=torch.uint8))
+    geometry = PlaneGeometry(4, 16, 2, 8, 1, 8, 8)
+    return [Plane("l0", "k", 0, torch.uint8, geometry, 0, storage),
+            Plane("l0", "v", 0, torch.uint8, geometry, 64, storage)]
+
+
+def check_refusals(backend: KernelBackend) -> None:
+    """Bad calls raise TransferError naming the problem, and nothing is written in either direction."""
+    planes = small_group()
+    good = torch.tensor([0, 7], dtype=torch.int64)
+    cases = [
+        (torch.tensor([0, 8]), buffer_bytes(planes, 2), r"slot 8 is beyond plane 'k' of layer 'l0' \(8 slots"),
+        (torch.tensor([[0, 1], [2, 9]]), buffer_bytes(planes, 2), "slot 9 is beyond plane 'v'"),
+        (good, buffer_bytes(planes, 2) - 1, "chunk buffer holds 31 bytes, 2 rows of these planes need 32"),
+        (good.to(torch.int32), buffer_bytes(planes, 2), "slots must be int64"),
+        (torch.tensor([[0, 1]]), buffer_bytes(planes, 2), "slots has 1 rows for 2 planes"),
+    ]
+    for slots, size, message in cases:
+        for direction in Direction:
+            buffer = torch.full((size,), 0xAB, dtype=torch.uint8)
+            before = planes[0].storage.clone()
+            with pytest.raises(TransferError, match=message):
+                backend.transfer(planes, slots, buffer, direction)
+            assert torch.equal(planes[0].storage, before)
+            assert bool((buffer == 0xAB).all())
+    too_long = dataclasses.replace(planes[1], geometry=dataclasses.replace(planes[1].geometry, num_blocks=5))
+    for direction in Direction:
+        with pytest.raises(TransferError, match="plane 'v' of layer 'l0' reaches byte 144 of an allocation of 128"):
+            backend.transfer([planes[0], too_long], good, torch.zeros(32, dtype=torch.uint8), direction)

@@ -1,0 +1,79 @@
+"""The native CPU backend: bit-exact against `torch` on random byte layouts, refusals, missing library."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmcache_platforms.kernels import cpu_backend
+from lmcache_platforms.kernels.contract import Direction, TransferError, buffer_bytes
+from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
+from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+from tests.kernels.checks import (
+    assert_load_matches_torch,
+    assert_store_matches_torch,
+    check_refusals,
+    small_group,
+)
+from tests.kernels.strategies import transfer_cases
+
+pytestmark = pytest.mark.skipif(not CPU.availability()[0], reason=CPU.availability()[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=transfer_cases(), seed=st.integers(0, 1000))
+def test_store_matches_torch(case, seed):
+    assert_store_matches_torch(CPU, *case, seed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=transfer_cases(), seed=st.integers(0, 1000))
+def test_load_matches_torch(case, seed):
+    assert_load_matches_torch(CPU, *case, seed)
+
+
+def test_parallel_path_on_a_big_group():
+    """Over the parallel threshold: 16 planes of 64 blocks x 16 rows x 512 bytes, runs and holes (distinct)."""
+    storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
+    geometry = PlaneGeometry(64, 16 * 512, 16, 512, 1, 512, 512)
+    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 64 * 16 * 512, storage) for i in range(16)]
+    slots = torch.cat([torch.arange(160, 400), torch.tensor([-1, 5, 3, -1]), (torch.randperm(34)[:20] + 30) * 16])
+    assert buffer_bytes(planes, slots.numel()) > 256 * 1024
+    assert_store_matches_torch(CPU, planes, slots, 1)
+    assert_load_matches_torch(CPU, planes, slots, 2)
+
+
+def test_refusals():
+    check_refusals(CPU)
+
+
+def test_rejects_device_buffers_it_cannot_reach():
+    planes = small_group()
+    meta = torch.empty(32, dtype=torch.uint8, device="meta")
+    with pytest.raises(TransferError, match="cpu backend needs host tensors"):
+        CPU.transfer(planes, torch.tensor([0, 1]), meta, Direction.STORE)
+
+
+def test_missing_library_makes_the_backend_unavailable_and_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(cpu_backend, "LIBRARY_MODULE", "lmcache_platforms.kernels._not_built")
+    cpu_backend.load_library.cache_clear()
+    logger = logging.getLogger("lmcache_platforms")
+    logger.addHandler(caplog.handler)
+    try:
+        backend = cpu_backend.CpuBackend()
+        available, reason = backend.availability()
+        assert not available
+        assert "lmcache_platforms.kernels._not_built was not built" in reason
+        for _ in range(2):
+            with pytest.raises(TransferError, match="the cpu backend is unavailable"):
+                backend.transfer(small_group(), torch.tensor([0]), torch.zeros(16, dtype=torch.uint8),
+                                 Direction.STORE)
+        warnings = [r for r in caplog.records if "native CPU transfer kernels unavailable" in r.getMessage()]
+        assert len(warnings) == 1
+    finally:
+        logger.removeHandler(caplog.handler)
+        cpu_backend.load_library.cache_clear()
