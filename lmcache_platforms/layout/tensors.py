@@ -46,10 +46,7 @@ def _row_segments(row: list[tuple[int, int]], item: int) -> tuple[int, int, int]
     seg_elems = 1
     while row and row[-1][1] == seg_elems:
         seg_elems *= row.pop()[0]
-    if seg_elems == 1 and row:
-        count, stride = row.pop()
-    else:
-        count, stride = 1, seg_elems
+    count, stride = row.pop() if row else (1, seg_elems)
     while row:
         size, outer = row.pop()
         if outer != count * stride:
