@@ -18,6 +18,7 @@ PINS = dict(
 SERVING = {"cuda": ("vllm", "VLLM_VERSION"), "xpu": ("vllm", "VLLM_VERSION"),
            "npu": ("vllm-ascend", "VLLM_ASCEND_VERSION")}
 RUNTIME = {"cuda": None, "xpu": None, "npu": "torch-npu"}
+DEVICE_PLUGIN = {"npu": "lmcache_platforms_npu"}  # LMCache's NPU ops otherwise need LMCache-Ascend
 
 
 def _release(text: str, parts: int) -> str:
@@ -42,6 +43,10 @@ def problems(platform: str) -> list[str]:
             version(RUNTIME[platform])
         except PackageNotFoundError:
             found.append(f"{RUNTIME[platform]} is not installed")
+    if platform in DEVICE_PLUGIN:
+        names = {e.name for e in entry_points(group="lmcache.device_plugins")}
+        if DEVICE_PLUGIN[platform] not in names:
+            found.append(f"the lmcache.device_plugins entry point {DEVICE_PLUGIN[platform]} is not installed")
     plugins = {e.value for e in entry_points(group="vllm.general_plugins")}
     if not any(v.startswith("lmcache_platforms") for v in plugins):
         found.append("lmcache_platforms' vllm.general_plugins entry point is not installed")

@@ -1,0 +1,63 @@
+"""Ascend NPU: torch_npu streams, events and pinned host memory; the Ascend C transfer kernel.
+
+torch_npu is imported on first use (it adds ``torch.npu``), never at module import, so this module loads on
+any machine. LMCache's own NPU backend needs LMCache-Ascend's native ops; without them LMCache gets its NPU
+device layer from our ``lmcache_platforms_npu`` device plugin (``npu_spec``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import torch
+
+from lmcache_platforms.platforms.base import Platform
+
+LMCACHE_BACKEND_NAME = "lmcache_platforms_npu"
+
+
+class NpuPlatform(Platform):
+    name = "npu"
+    torch_module_name = "npu"
+    default_kernel_backend = "ascend"
+
+    def _module(self) -> Any:
+        importlib.import_module("torch_npu")
+        return torch.npu
+
+    def available(self) -> tuple[bool, str]:
+        if importlib.util.find_spec("torch_npu") is None:
+            return False, "torch_npu is not installed"
+        try:
+            npu = self._module()
+        except Exception as exc:  # noqa: BLE001 - a broken CANN install must read as "unavailable", with why
+            return False, f"torch_npu failed to import: {type(exc).__name__}: {exc}"
+        if not npu.is_available():
+            return False, "torch_npu is installed but no Ascend NPU is visible"
+        return True, f"{npu.device_count()} Ascend NPU(s): {self.soc_name()}"
+
+    def soc_name(self) -> str:
+        """The chip's name as torch_npu reports it, e.g. ``Ascend910B1`` or ``Ascend310P3``."""
+        return str(self._module().get_device_name())
+
+    def is_310p(self) -> bool:
+        """Atlas 300I (310P) chips keep K/V planes in FRACTAL_NZ order: H*D/16 segments per row."""
+        return "310p" in self.soc_name().lower()
+
+    def empty_pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        self._module()  # pinning goes through torch_npu's host allocator once it is loaded
+        return super().empty_pinned(shape, dtype)
+
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._module()
+        return super().pin_memory(tensor)
+
+    def lmcache_device_spec(self) -> type | None:
+        from lmcache_platforms.platforms.npu_spec import PlatformsNpuDeviceSpec
+
+        return PlatformsNpuDeviceSpec
+
+
+PLATFORM = NpuPlatform()
