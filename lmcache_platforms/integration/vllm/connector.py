@@ -1,0 +1,91 @@
+"""``LMCachePlatformsConnector``: LMCache's in-process connector for vLLM, declaring hybrid-KV (HMA) support.
+
+Upstream's connector is not ``SupportsHMA``, so vLLM either turns the hybrid KV-cache manager off (sliding
+window layers then cost full attention memory, Mamba / DeepSeek-V4 cannot start) or refuses to start with
+``--no-disable-hybrid-kv-cache-manager``. This one can say yes because its engine impl tracks, saves and
+loads every group. It is a thin delegate: all the work is in ``MultiGroupConnectorImpl``.
+Use: ``--kv-transfer-config '{"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"}'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
+
+
+class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM v1 KV connector (both roles) backed by an in-process LMCache engine, for any number of groups."""
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layerwise load/save synchronises inside the forward, which a full CUDA graph would skip."""
+        return bool(extra_config.get("use_layerwise", False))
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._impl = MultiGroupConnectorImpl(vllm_config, role, self)
+
+    @property
+    def impl(self) -> MultiGroupConnectorImpl:
+        return self._impl
+
+    # Worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._impl.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._impl.bind_connector_metadata(connector_metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._impl.start_load_kv(forward_context, **kwargs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._impl.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        """``kv_layer`` may be a tensor or (vLLM 0.23 MLA/DSA layers) a list of them; passed on untouched."""
+        self._impl.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+
+    def wait_for_save(self) -> None:
+        self._impl.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._impl.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._impl.get_block_ids_with_load_errors()
+
+    def shutdown(self) -> None:
+        self._impl.shutdown()
+
+    # Scheduler side
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._impl.get_num_new_matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._impl.update_state_after_alloc(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return self._impl.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._impl.request_finished(request, block_ids)
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._impl.request_finished_all_groups(request, block_ids)
+
+
+LMCacheAscendConnector = LMCachePlatformsConnector
+"""The name vllm-ascend users already configure; same class (``kv_connector_module_path`` looks names up)."""

@@ -1,0 +1,65 @@
+"""Where vLLM's CPU attention backend really puts K and V, found by asking the backend itself.
+
+The CPU cache is declared ``[blocks, kv_heads, block_size, 2 * head_size]`` but the bytes inside one
+(block, head) page depend on the kernel ISA the backend picked (K is stored transposed for ``vec``; other
+ISAs may pack differently). Guessing wrong would silently corrupt every reloaded cache, so we write known
+keys and values through vLLM's own cache-write op into a scratch page and compare the result with the
+layouts we can move. Anything else stops the connector at ``register_kv_caches``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from lmcache_platforms.layout.tensors import TensorLayout
+
+
+class UnknownCacheLayout(RuntimeError):
+    """vLLM's CPU backend stores K/V in a way no plane description of ours matches."""
+
+
+def _write_scratch(isa: str, dtype: torch.dtype, block_size: int, head_size: int,
+                   key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    from vllm import _custom_ops as ops
+
+    num_blocks, heads = 2, key.shape[1]
+    cache = torch.zeros(num_blocks, heads, block_size, 2 * head_size, dtype=dtype)
+    halves = cache.view(num_blocks, heads, 2 * block_size, head_size)
+    key_cache, value_cache = halves.chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
+    return cache
+
+
+@functools.cache
+def probe_cpu_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: int) -> TensorLayout:
+    """The TensorLayout vLLM's CPU cache-write kernel produces for this ISA, dtype and page shape."""
+    heads, num_blocks = 2, 2
+    tokens = num_blocks * block_size
+    gen = torch.Generator().manual_seed(1234)
+    key = torch.randn(tokens, heads, head_size, generator=gen).to(dtype)
+    value = torch.randn(tokens, heads, head_size, generator=gen).to(dtype)
+    slots = torch.randperm(tokens, generator=gen)
+    where = f"vLLM CPU attention (isa={isa}, dtype={dtype}, block_size={block_size}, head_size={head_size})"
+    try:
+        cache = _write_scratch(isa, dtype, block_size, head_size, key, value, slots)
+    except Exception as exc:
+        raise UnknownCacheLayout(f"{where}: cannot probe the cache layout ({type(exc).__name__}: {exc})") from exc
+    # Token t went to slot slots[t]: expected[b, h, r] is the token whose slot is b * block_size + r.
+    order = torch.empty_like(slots)
+    order[slots] = torch.arange(tokens)
+    want_k = key[order].view(num_blocks, block_size, heads, head_size).transpose(1, 2)
+    want_v = value[order].view(num_blocks, block_size, heads, head_size).transpose(1, 2)
+    page = cache.view(num_blocks, heads, 2 * block_size * head_size)
+    k_part = page[..., : block_size * head_size]
+    v_part = page[..., block_size * head_size :].reshape(num_blocks, heads, block_size, head_size)
+    if not torch.equal(v_part, want_v):
+        raise UnknownCacheLayout(f"{where}: V is not stored [block_size x head_size] after K; "
+                                 "this layout is not supported, refusing to offload a cache we cannot read")
+    if torch.equal(k_part.reshape(num_blocks, heads, block_size, head_size), want_k):
+        return TensorLayout.VLLM_CPU
+    if torch.equal(k_part.reshape(num_blocks, heads, head_size, block_size).transpose(-1, -2), want_k):
+        return TensorLayout.VLLM_CPU_K_TRANSPOSED
+    raise UnknownCacheLayout(f"{where}: K is stored neither [block_size x head_size] nor transposed; "
+                             "this layout is not supported, refusing to offload a cache we cannot read")

@@ -1,0 +1,292 @@
+"""The in-process LMCache engine impl for vLLM, for every KV-cache group (replaces ``LMCacheConnectorV1Impl``).
+
+It keeps upstream's engine life cycle (config, ``LMCacheManager``, lookup client/server, abort clean-up)
+and replaces what assumed one group: the request tracker, the per-step metadata, loading, saving and
+failed-block reporting. Rules on top of upstream's:
+  - more than one saved group => only whole chunks are saved;
+  - a group we can neither restore nor prove unnecessary => no hit is ever claimed (and nothing saved);
+  - a failed load is reported per block with each group's own block size; vLLM cannot map block
+    failures back to requests when there are several groups, so there we stop with a clear error rather
+    than let the forward read rows that never arrived;
+  - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lmcache.integration.vllm.utils import extract_mm_features
+from lmcache.integration.vllm.vllm_v1_adapter import (
+    LMCacheConnectorMetadata,
+    LMCacheConnectorV1Impl,
+    extract_request_configs,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.integration.vllm import health
+from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
+from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
+from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
+from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
+from lmcache_platforms.integration.vllm.tracker import RequestTracker
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
+
+SETTINGS_PREFIX = "platforms."
+
+
+class MultiGroupLoadError(RuntimeError):
+    """A load came back short for a model with several KV-cache groups, which vLLM cannot recompute."""
+
+
+def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
+    """Our keys from LMCache's ``extra_config``, overridden by vLLM's ``kv_connector_extra_config``."""
+    extra = dict(getattr(lmcache_config, "extra_config", None) or {})
+    kv_extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
+    extra.update({k: v for k, v in kv_extra.items() if k.startswith(SETTINGS_PREFIX)})
+    return PlatformSettings.load(extra)
+
+
+def _is_resumed(cached_reqs: Any, index: int, req_id: str) -> bool:
+    if hasattr(cached_reqs, "resumed_req_ids"):
+        return req_id in cached_reqs.resumed_req_ids
+    if hasattr(cached_reqs, "resumed_from_preemption"):
+        return bool(cached_reqs.resumed_from_preemption[index])
+    raise AttributeError(f"cannot tell whether request {req_id} resumed from preemption with this vLLM")
+
+
+class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
+    """``LMCacheConnectorV1Impl`` for hybrid models; works for one group exactly like upstream's."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, parent: Any) -> None:
+        super().__init__(vllm_config, role, parent)
+        self._role_name = role.name.lower()
+        health.record(self._role_name, "init", self._manager)
+        if self.config.use_layerwise and self.plan.multi_group:
+            raise ValueError("LMCache layerwise mode (use_layerwise) is not supported with several KV-cache "
+                             f"groups ({self.plan.describe()}); disable use_layerwise")
+        logger.info("LMCache platforms engine impl (%s): %s", self._role_name, self.plan.describe())
+        if not self.plan.hits_allowed:
+            logger.warning("LMCache will neither save nor report hits for this model: %s", self.plan.why_no_hits())
+
+    def _init_connector_state(self, role: KVConnectorRole, vllm_config: Any, config: Any) -> None:
+        super()._init_connector_state(role, vllm_config, config)
+        self.settings = _settings(config, vllm_config)
+        kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
+        if kv_cache_config is None:
+            self.plan: GroupPlan = single_group_plan(self._block_size)
+            self._num_blocks: int | None = None
+        else:
+            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings)
+            self._num_blocks = kv_cache_config.num_blocks
+        self.layout = None
+        self._key_tags: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        """Describe the caches (raising on a layout we cannot read), hand them to the GPU connector, then let
+        LMCache finish initialising (upstream's post_init)."""
+        if self.kv_caches:
+            raise RuntimeError("register_kv_caches called twice")
+        if not kv_caches:
+            raise ValueError("register_kv_caches got no KV caches")
+        if self.plan.saved:
+            self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
+                                       vllm_hint_for(self._vllm_config), self._num_blocks)
+            self._attach_layout()
+        self.kv_caches = kv_caches
+        self._manager.post_init()
+        health.record(self._role_name, "post_init", self._manager)
+
+    def _attach_layout(self) -> None:
+        """Bind the layout to our GPU connector; its key tags then go into every store, load and lookup."""
+        engine = self.lmcache_engine
+        connector = getattr(engine, "gpu_connector", None)
+        bind = getattr(connector, "bind", None)
+        if bind is None:
+            raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, which cannot move the "
+                               f"KV layout of this model ({self.plan.describe()}); is lmcache_platforms active?")
+        bind(self.layout)
+        self._key_tags = dict(connector.binding.key_tags)
+        tag_engine_lookups(engine, self._key_tags)
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
+        self.current_layer = 0
+        self.layerwise_retrievers = []
+
+    def _transfer_kwargs(self, meta: RequestMeta, block_ids: Any) -> dict[str, Any]:
+        """What our GPU connector reads (see ``lmcache_platforms.connector.request``), plus the key tags."""
+        return {"block_ids": block_ids, "request_configs": with_tags(meta.request_configs, self._key_tags),
+                "req_id": meta.req_id}
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self.use_layerwise:
+            super().start_load_kv(forward_context, **kwargs)
+            return
+        self.current_layer = 0
+        engine = self.lmcache_engine
+        if engine is None:
+            return
+        metadata = self._parent._get_connector_metadata()
+        kvcaches = list(self.kv_caches.values())
+        for request in metadata.requests:
+            spec = request.load_spec
+            if spec is None or not spec.can_load:
+                continue
+            self._load_one(engine, request, kvcaches)
+
+    def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any]) -> None:
+        spec = request.load_spec
+        assert spec is not None
+        num_tokens = spec.lmcache_cached_tokens
+        if len(request.token_ids) < num_tokens:
+            raise RuntimeError(f"request {request.req_id}: {num_tokens} tokens to load but only "
+                               f"{len(request.token_ids)} token ids tracked")
+        chunk = self._lmcache_chunk_size
+        mask = torch.ones(num_tokens, dtype=torch.bool)
+        skipped = spec.vllm_cached_tokens // chunk * chunk
+        mask[:skipped] = False
+        self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
+        self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
+        ret_mask = engine.retrieve(
+            request.token_ids[:num_tokens],
+            mask,
+            kvcaches=kvcaches,
+            slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
+            vllm_cached_tokens=spec.vllm_cached_tokens,
+            **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens)),
+        )
+        if not self.async_loading:
+            engine.lookup_unpin(request.req_id)
+        missing = mask & ~ret_mask.to(device="cpu", dtype=torch.bool)
+        if not bool(missing.any()):
+            return
+        first = int(torch.nonzero(missing)[0])
+        blocks = request.failed_blocks(first, num_tokens)
+        logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d, blocks %s",
+                     request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first,
+                     sorted(blocks))
+        if self.plan.multi_group:
+            raise MultiGroupLoadError(
+                f"request {request.req_id}: LMCache could not load tokens [{first}, {num_tokens}) of a model with "
+                f"{len(self.plan.saved)} KV-cache groups; vLLM cannot recompute block failures with several "
+                "groups, so stopping instead of decoding from KV that never arrived")
+        self._invalid_block_ids.update(blocks)
+
+    def wait_for_save(self) -> None:
+        if self.use_layerwise:
+            super().wait_for_save()
+            return
+        engine = self.lmcache_engine
+        if engine is None:
+            return
+        metadata = self._parent._get_connector_metadata()
+        kvcaches = list(self.kv_caches.values())
+        for request in metadata.requests:
+            engine.lookup_unpin(request.req_id)
+            if self.kv_role == "kv_consumer":
+                continue
+            spec = request.save_spec
+            if spec is None or not spec.can_save:
+                continue
+            start = spec.skip_leading_tokens // self._lmcache_chunk_size * self._lmcache_chunk_size
+            end = spec.num_tokens
+            if start >= end:
+                continue
+            mask = torch.ones(end, dtype=torch.bool)
+            mask[:start] = False
+            engine.store(
+                request.token_ids[:end],
+                mask=mask,
+                kvcaches=kvcaches,
+                slot_mapping=request.slot_mapping[:end].to(self.device),
+                offset=start,
+                **self._transfer_kwargs(request, request.block_ids),
+            )
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int | None:
+        if not self.plan.hits_allowed:
+            return 0
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def _pop_load_spec(self, req_id: str) -> LoadSpec | None:
+        spec = self.load_specs.pop(req_id, None)
+        if spec is None:
+            return None
+        return LoadSpec(spec.vllm_cached_tokens, spec.lmcache_cached_tokens, spec.can_load)
+
+    def _meta(self, tracker: RequestTracker, load_spec: LoadSpec | None) -> RequestMeta | None:
+        return build_request_meta(
+            tracker, self.plan, self._lmcache_chunk_size, load_spec=load_spec,
+            discard_partial_chunks=self._discard_partial_chunks,
+            save_decode_cache=self.config.save_decode_cache,
+            force_skip_save=self.kv_role == "kv_consumer" or self.force_skip_save,
+        )
+
+    def build_connector_meta(self, scheduler_output: Any) -> LMCacheConnectorMetadata:
+        meta = LMCacheConnectorMetadata()
+        if self.lookup_client is None:
+            return meta
+        for req_id in scheduler_output.finished_req_ids:
+            self._request_trackers.pop(req_id, None)
+            self._unfinished_requests.pop(req_id, None)
+        num_groups = len(self.plan.groups)
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id.startswith("mock_req"):
+                continue
+            load_spec = self._pop_load_spec(new.req_id)
+            priority = self._requests_priority.pop(new.req_id, 0)
+            limit = self.config.priority_limit
+            tracker = RequestTracker.from_new_request(
+                new, num_groups,
+                num_tokens_to_compute=new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id],
+                lmcache_cached_tokens=load_spec.lmcache_cached_tokens if load_spec else 0,
+                skip_save=limit is not None and priority > limit,
+                request_configs=extract_request_configs(new.sampling_params),
+            )
+            if getattr(new, "mm_features", None):
+                tracker.mm_hashes, tracker.mm_positions = extract_mm_features(new, modify=True)
+            self._request_trackers[new.req_id] = tracker
+            self._add(meta, self._meta(tracker, load_spec))
+        cached = scheduler_output.scheduled_cached_reqs
+        for index, req_id in enumerate(cached.req_ids):
+            self._add(meta, self._update_cached(scheduler_output, cached, index, req_id))
+        return meta
+
+    @staticmethod
+    def _add(meta: LMCacheConnectorMetadata, request: RequestMeta | None) -> None:
+        if request is not None:
+            meta.add_request(request)
+
+    def _update_cached(self, scheduler_output: Any, cached: Any, index: int, req_id: str) -> RequestMeta | None:
+        tracker = self._request_trackers.get(req_id)
+        request = self._unfinished_requests.get(req_id)
+        if tracker is None or request is None:
+            raise ValueError(f"request {req_id} is scheduled again but was never seen as a new request")
+        num_new = scheduler_output.num_scheduled_tokens[req_id]
+        load_spec = self._pop_load_spec(req_id)
+        new_block_ids = cached.new_block_ids[index]
+        num_computed = request.num_computed_tokens
+        if _is_resumed(cached, index, req_id):
+            tracker.resume(request.all_token_ids, new_block_ids, num_computed, num_new,
+                           load_spec.lmcache_cached_tokens if load_spec else 0)
+        else:
+            if num_computed < len(tracker.token_ids):
+                logger.warning("request %s rolled back from %d to %d tokens (a failed load is recomputed)",
+                               req_id, len(tracker.token_ids), num_computed)
+                tracker.roll_back(num_computed, request.all_token_ids)
+            base = min(num_computed, len(tracker.token_ids))
+            tracker.append(list(request.all_token_ids[base : base + num_new]), new_block_ids)
+        return self._meta(tracker, load_spec)
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, Any]:
+        """vLLM's HMA hook: saving is synchronous (wait_for_save), so blocks can be freed at once."""
+        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+

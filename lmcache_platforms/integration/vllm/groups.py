@@ -1,0 +1,130 @@
+"""vLLM's KV-cache groups as layout groups, and which of them LMCache chunks carry.
+
+Both vLLM generations are read here: 0.32+ names the compression ``tokens_per_state`` and may mark a group
+``enable_kv_transfer=False``; 0.23 (vllm-ascend) names it ``compress_ratio``. A group is either saved,
+skipped because resuming provably does not need it, or unrestorable; one unrestorable group means no hit
+may ever be claimed for the model (a partly restored cache gives wrong output, a miss only costs time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.layout.groups import KVGroup, is_saved
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Every vLLM group (indexed as vLLM orders them) and what the connector does with each."""
+
+    groups: tuple[KVGroup, ...]
+    saved: tuple[int, ...]
+    skipped: dict[int, str] = field(default_factory=dict)
+    unrestorable: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def saved_groups(self) -> tuple[KVGroup, ...]:
+        return tuple(self.groups[i] for i in self.saved)
+
+    @property
+    def multi_group(self) -> bool:
+        """More than one group in the chunks: only whole chunks may be saved."""
+        return len(self.saved) > 1
+
+    @property
+    def hits_allowed(self) -> bool:
+        return bool(self.saved) and not self.unrestorable
+
+    def why_no_hits(self) -> str:
+        if self.unrestorable:
+            return "; ".join(f"{self.groups[i].describe()}: {why}" for i, why in self.unrestorable.items())
+        return "" if self.saved else "no KV-cache group is saved"
+
+    def describe(self) -> str:
+        parts = [f"saved {[self.groups[i].describe() for i in self.saved]}"]
+        parts += [f"skipped {self.groups[i].describe()} ({why})" for i, why in self.skipped.items()]
+        parts += [f"UNRESTORABLE {self.groups[i].describe()} ({why})" for i, why in self.unrestorable.items()]
+        return "; ".join(parts)
+
+
+def _first_layer_spec(spec: Any) -> Any:
+    """A ``UniformTypeKVCacheSpecs`` wraps one spec per layer (all alike); use the first."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    if isinstance(inner, dict) and inner:
+        return next(iter(inner.values()))
+    return spec
+
+
+def tokens_per_row(spec: Any) -> int | Fraction:
+    """Tokens one stored row covers: 0.32+ ``tokens_per_state``, 0.23 ``compress_ratio``, else 1."""
+    spec = _first_layer_spec(spec)
+    value = getattr(spec, "tokens_per_state", None)
+    if isinstance(value, property) or value is None:
+        value = getattr(spec, "compress_ratio", 1)
+    return value
+
+
+def _unrestorable_reason(spec: Any, ratio: int | Fraction) -> str | None:
+    name = type(spec).__name__
+    if "Mamba" in name or (isinstance(ratio, int) and ratio < 0):
+        return "recurrent state without per-chunk snapshots cannot be restored from LMCache chunks"
+    if isinstance(ratio, Fraction) and ratio.denominator != 1:
+        return f"{ratio} tokens per row (several rows per token) is not supported"
+    if getattr(spec, "uses_slot_mapping", True) is False:
+        return "the group is not addressed by slot mapping"
+    return None
+
+
+def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings) -> tuple[KVGroup, str | None]:
+    """One vLLM ``KVCacheGroupSpec`` as a ``KVGroup``, with the reason it cannot be restored (or None)."""
+    spec = group_spec.kv_cache_spec
+    layer = _first_layer_spec(spec)
+    ratio = tokens_per_row(spec)
+    problem = _unrestorable_reason(layer, ratio)
+    cr = int(ratio) if problem is None else 1
+    window = getattr(layer, "sliding_window", None)
+    spec_name = type(layer).__name__
+    group = KVGroup(
+        index=index,
+        block_size=max(1, spec.block_size // cr),
+        tokens_per_row=cr,
+        sliding_window=window if isinstance(window, int) and window > 0 else None,
+        is_state="Mamba" in spec_name or any(m and m in spec_name for m in settings.state_markers),
+        layer_names=tuple(group_spec.layer_names),
+        spec_name=spec_name,
+    )
+    return group, problem
+
+
+def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings) -> GroupPlan:
+    """Decide, for every vLLM group, saved / skipped (with why it is not needed) / unrestorable."""
+    groups: list[KVGroup] = []
+    saved: list[int] = []
+    skipped: dict[int, str] = {}
+    unrestorable: dict[int, str] = {}
+    for index, group_spec in enumerate(kv_cache_groups):
+        group, problem = group_from_spec(index, group_spec, settings)
+        groups.append(group)
+        markers, allow, deny = settings.state_markers, settings.save_groups, settings.skip_groups
+        if getattr(group_spec, "enable_kv_transfer", True) is False:
+            skipped[index] = "enable_kv_transfer=False: vLLM rebuilds it from its source group"
+        elif str(index) in deny or group.spec_name in deny:
+            skipped[index] = "listed in platforms.skip_groups"
+        elif problem is not None:
+            unrestorable[index] = problem
+        elif not is_saved(group, markers, allow, deny):
+            skipped[index] = "state, not needed to resume at a chunk boundary"
+        elif getattr(group_spec.kv_cache_spec, "prefix_cacheable", True) is False:
+            skipped[index] = "not prefix-cacheable: vLLM resumes a prefix without it"
+        else:
+            saved.append(index)
+    return GroupPlan(tuple(groups), tuple(saved), skipped, unrestorable)
+
+
+def single_group_plan(block_size: int) -> GroupPlan:
+    """The plan when vLLM gives no KV-cache config (old two-argument connectors): one full-attention group."""
+    return GroupPlan((KVGroup(index=0, block_size=block_size),), (0,))

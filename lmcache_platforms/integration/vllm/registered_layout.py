@@ -1,0 +1,92 @@
+"""The ``KVLayout`` of the caches vLLM hands to ``register_kv_caches``, in either vLLM generation.
+
+0.32+ gives each layer a strided view into one shared buffer (its block count may be a multiple of the
+scheduler's when kernel blocks are smaller than manager blocks); 0.23 / vllm-ascend gives tensors, tuples
+of planes (K/V, MLA nope/rope, sparse K/V/index/scale) or lists of padded views. Only the layers of saved
+groups are described. Ambiguous layouts are resolved from the attention backend that owns the layer (vLLM's
+CPU backend is probed, never assumed); a layout we cannot describe raises here, before anything is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.integration.vllm.cpu_cache_probe import probe_cpu_layout
+from lmcache_platforms.integration.vllm.groups import GroupPlan
+from lmcache_platforms.layout.groups import KVGroup
+from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
+from lmcache_platforms.layout.tensors import Hint, planes_from_tensor
+
+HintFor = Callable[[str, Any, KVGroup], Hint]
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else _first_tensor(value[0])
+
+
+def kernel_rows_per_block(value: Any, group: KVGroup, num_blocks: int | None) -> int:
+    """Rows per block inside the tensor: the group's, divided by kernel blocks per manager block."""
+    tensor = _first_tensor(value)
+    nb_dim = 1 if tensor.dim() == 5 and tensor.shape[0] == 2 else 0
+    blocks = tensor.shape[nb_dim]
+    if num_blocks and blocks > num_blocks and blocks % num_blocks == 0:
+        ratio = blocks // num_blocks
+        if group.block_size % ratio == 0:
+            return group.block_size // ratio
+    return group.block_size
+
+
+def vllm_hint_for(vllm_config: Any) -> HintFor:
+    """Hints from the running attention backends: vLLM's CPU backend is probed; others infer from shape."""
+    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+
+    def hint(layer_name: str, value: Any, group: KVGroup) -> Hint:
+        module = context.get(layer_name)
+        backend = getattr(module, "attn_backend", None)
+        name = backend.get_name() if backend is not None and hasattr(backend, "get_name") else ""
+        if name != "CPU_ATTN" or not isinstance(value, torch.Tensor):
+            return None
+        if cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"layer {layer_name!r}: vLLM CPU KV cache dtype {cache_dtype!r} is not supported")
+        isa = getattr(module, "isa", None)
+        if isa is None:
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+            isa = _get_attn_isa(value.dtype, value.shape[2], value.shape[3] // 2, cache_dtype)
+        return probe_cpu_layout(str(isa), value.dtype, value.shape[2], value.shape[3] // 2)
+
+    return hint
+
+
+def build_layout(
+    kv_caches: Mapping[str, Any],
+    plan: GroupPlan,
+    chunk_size: int,
+    settings: PlatformSettings,
+    hint_for: HintFor,
+    num_blocks: int | None = None,
+) -> KVLayout:
+    """Describe the saved groups' layers of ``kv_caches`` (layer name -> tensor / tuple / list of planes)."""
+    group_of = {name: plan.groups[i] for i in plan.saved for name in plan.groups[i].layer_names}
+    missing = [name for name in group_of if name not in kv_caches]
+    if missing:
+        raise ValueError(f"register_kv_caches got no tensor for layers {missing[:4]} of saved groups "
+                         f"{sorted({group_of[n].index for n in missing})}")
+    entries: list[LayerEntry] = []
+    for name, value in kv_caches.items():
+        group = group_of.get(name)
+        if group is None:
+            continue
+        items = value if isinstance(value, torch.Tensor) else list(value)
+        rows = kernel_rows_per_block(value, group, num_blocks)
+        planes = planes_from_tensor(name, group.index, items, hint_for(name, value, group), block_size=rows)
+        entries.append(LayerEntry(name, tuple(planes)))
+    blocks = dict.fromkeys(plan.saved, num_blocks) if num_blocks else None
+    # The plan already chose the saved groups: tell the layout to keep every one of them.
+    return KVLayout.build(plan.saved_groups, entries, chunk_size, mode=settings.mode, state_markers=(),
+                          save_groups=tuple(str(i) for i in plan.saved), skip_groups=(), num_blocks=blocks)

@@ -1,0 +1,175 @@
+"""What the scheduler tells the workers about one request for one step: tokens, every group's blocks and
+slots, and whether to load and/or save.
+
+The saving rule is upstream's (save once a chunk boundary is crossed, never partial chunks mid-prefill, not
+in decode unless asked) with two hybrid-model rules on top: with more than one saved group only whole chunks
+are saved, and a chunk is never saved while a row it must carry lies in vLLM's null block (a sliding-window
+group's prefix that vLLM freed or never had, e.g. after a local prefix-cache hit) -- that chunk would come
+back with rows missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lmcache_platforms.integration.vllm.groups import GroupPlan
+from lmcache_platforms.integration.vllm.tracker import RequestTracker
+from lmcache_platforms.layout.groups import KVGroup
+from lmcache_platforms.layout.slots import chunk_rows, primary_group, rows_for_tokens, slot_mapping
+
+
+@dataclass
+class LoadSpec:
+    """Tokens vLLM already holds, tokens LMCache holds, and whether the scheduler let us load."""
+
+    vllm_cached_tokens: int
+    lmcache_cached_tokens: int
+    can_load: bool = False
+
+
+@dataclass
+class SaveSpec:
+    """Leading tokens LMCache already has (not stored again), and whether to save this step."""
+
+    skip_leading_tokens: int
+    can_save: bool
+    num_tokens: int = 0
+
+
+@dataclass
+class RequestMeta:
+    """One request's step: ``slot_mappings[g]`` are group g's slots of rows ``[0, rows(len(token_ids)))``;
+    ``slot_mapping`` maps each token to the primary group's slot (upstream's single per-token field)."""
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: tuple[tuple[int, ...], ...]
+    slot_mappings: dict[int, torch.Tensor]
+    primary: int
+    is_last_prefill: bool = False
+    save_spec: SaveSpec | None = None
+    load_spec: LoadSpec | None = None
+    request_configs: dict | None = None
+    block_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        rows = self.slot_mappings[self.primary]
+        tokens_per_row = self.block_sizes[self.primary][1]
+        if tokens_per_row == 1:
+            return rows
+        return rows[torch.arange(len(self.token_ids)) // tokens_per_row]
+
+    def blocks_not_held(self, vllm_cached_tokens: int) -> tuple[tuple[int, ...], ...]:
+        """Block ids for a load: blocks wholly inside vLLM's own prefix hit become 0 (never written), since
+        other requests may be reading those shared prefix-cache blocks."""
+        out = []
+        for index, ids in enumerate(self.block_ids):
+            rows_per_block, tokens_per_row = self.block_sizes.get(index, (0, 1))
+            held = vllm_cached_tokens // (rows_per_block * tokens_per_row) if rows_per_block else 0
+            out.append((0,) * min(held, len(ids)) + ids[held:])
+        return tuple(out)
+
+    def failed_blocks(self, start: int, end: int) -> set[int]:
+        """Every saved group's (non-null) blocks holding tokens ``[start, end)``, each with its own block size."""
+        failed: set[int] = set()
+        if end <= start:
+            return failed
+        for index, (rows_per_block, tokens_per_row) in self.block_sizes.items():
+            ids = self.block_ids[index]
+            first = start // tokens_per_row // rows_per_block
+            last = (end - 1) // tokens_per_row // rows_per_block
+            failed.update(b for b in ids[first : last + 1] if b != 0)
+        return failed
+
+
+def first_savable_token(groups: Sequence[KVGroup], block_ids: Sequence[Sequence[int]], start: int, end: int,
+                        chunk_size: int) -> int:
+    """The first chunk boundary at or after ``start`` from which every chunk up to ``end`` has all its rows
+    in real blocks; ``end`` when none does. ``start`` and ``end`` are chunk-aligned (or ``end`` is the
+    request's last, partial chunk end)."""
+    savable_from = start
+    for c0 in range(start, end, chunk_size):
+        c1 = min(c0 + chunk_size, end)
+        for group in groups:
+            first, count = chunk_rows(group, c0, c1, chunk_size)
+            ids = block_ids[group.index]
+            blocks = {ids[r // group.block_size] if r // group.block_size < len(ids) else 0
+                      for r in range(first, first + count)}
+            if 0 in blocks:
+                savable_from = c1
+                break
+    return savable_from
+
+
+def _token_ids_for_keys(tracker: RequestTracker, num_tokens: int) -> list[int]:
+    token_ids = tracker.token_ids[:num_tokens]
+    if not tracker.mm_hashes:
+        return token_ids
+    from lmcache.integration.vllm.utils import apply_mm_hashes_to_token_ids
+
+    tensor = torch.tensor(token_ids)
+    apply_mm_hashes_to_token_ids(tensor, tracker.mm_hashes, tracker.mm_positions)
+    return tensor.tolist()
+
+
+def build_request_meta(
+    tracker: RequestTracker,
+    plan: GroupPlan,
+    chunk_size: int,
+    load_spec: LoadSpec | None = None,
+    discard_partial_chunks: bool = True,
+    save_decode_cache: bool = False,
+    force_skip_save: bool = False,
+) -> RequestMeta | None:
+    """The step's metadata for one request, or None when it neither loads nor saves (updates the tracker's
+    saved-token count when it saves)."""
+    num_tokens = len(tracker.token_ids)
+    is_last_prefill = num_tokens >= tracker.prompt_len
+    skip_leading = tracker.num_saved_tokens
+    boundary = -(-(tracker.num_saved_tokens + 1) // chunk_size) * chunk_size
+    skip_save = (
+        force_skip_save
+        or tracker.skip_save
+        or (tracker.num_saved_tokens > 0 and num_tokens < boundary)
+        or (tracker.is_decode_phase and not save_decode_cache)
+        or bool((tracker.request_configs or {}).get("lmcache.skip_save", False))
+        or not plan.hits_allowed
+    )
+    if skip_save and load_spec is None:
+        return None
+    whole_chunks_only = plan.multi_group or not is_last_prefill or discard_partial_chunks
+    num_to_save = num_tokens // chunk_size * chunk_size if whole_chunks_only else num_tokens
+    groups = plan.saved_groups
+    block_ids = tuple(tuple(ids) for ids in tracker.block_ids)
+    if not skip_save:
+        aligned = skip_leading // chunk_size * chunk_size
+        savable = first_savable_token(groups, block_ids, aligned, num_to_save, chunk_size)
+        skip_leading = max(skip_leading, savable)
+        tracker.num_saved_tokens = num_to_save
+    can_save = not skip_save and skip_leading < num_to_save
+    if not can_save and load_spec is None:
+        return None
+    load_len = load_spec.lmcache_cached_tokens if load_spec is not None else 0
+    token_ids = _token_ids_for_keys(tracker, max(num_to_save, min(load_len, num_tokens)))
+    primary = primary_group(groups, block_ids).index
+    slots = {
+        g.index: slot_mapping(g, block_ids[g.index], min(rows_for_tokens(len(token_ids), g),
+                                                          len(block_ids[g.index]) * g.block_size))
+        for g in groups
+    }
+    return RequestMeta(
+        req_id=tracker.req_id,
+        token_ids=token_ids,
+        block_ids=block_ids,
+        slot_mappings=slots,
+        primary=primary,
+        is_last_prefill=is_last_prefill,
+        save_spec=SaveSpec(skip_leading, can_save, num_to_save),
+        load_spec=load_spec,
+        request_configs=tracker.request_configs,
+        block_sizes={g.index: (g.block_size, g.tokens_per_row) for g in groups},
+    )

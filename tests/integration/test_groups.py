@@ -1,0 +1,63 @@
+"""Which vLLM groups are saved, skipped (provably unneeded) or unrestorable (then no hits at all)."""
+
+from __future__ import annotations
+
+from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.integration.vllm.groups import plan_groups, tokens_per_row
+from tests.integration.specs import compressed, full, gemma_like, group, mamba, sliding
+
+DEFAULT = PlatformSettings()
+
+
+def test_gemma_like_saves_every_group_with_its_window():
+    plan = plan_groups(gemma_like(window=64).kv_cache_groups, DEFAULT)
+    assert plan.saved == (0, 1, 2, 3)
+    assert plan.multi_group and plan.hits_allowed
+    assert [g.sliding_window for g in plan.groups] == [None, 64, 64, 64]
+    assert [g.block_size for g in plan.groups] == [32] * 4
+    assert plan.groups[1].layer_names == ("model.layers.0.self_attn.attn",)
+
+
+def test_compressed_group_counts_rows_not_tokens():
+    plan = plan_groups([group(["a"], full(128)), group(["c"], compressed(4))], DEFAULT)
+    assert tokens_per_row(compressed(4)) == 4
+    assert (plan.groups[1].block_size, plan.groups[1].tokens_per_row) == (32, 4)
+    assert plan.saved == (0, 1)
+
+
+def test_transfer_disabled_group_is_skipped_not_blocking():
+    plan = plan_groups([group(["a"], full()), group(["b"], full(), enable_kv_transfer=False)], DEFAULT)
+    assert plan.saved == (0,)
+    assert "enable_kv_transfer" in plan.skipped[1]
+    assert plan.hits_allowed and not plan.multi_group
+
+
+def test_mamba_state_blocks_every_hit():
+    plan = plan_groups([group(["a"], full()), group(["m"], mamba())], DEFAULT)
+    assert plan.saved == (0,)
+    assert list(plan.unrestorable) == [1]
+    assert not plan.hits_allowed
+    assert "group 1 (MambaSpec)" in plan.why_no_hits()
+
+
+def test_user_may_declare_a_group_unneeded():
+    settings = PlatformSettings.load({"platforms.skip_groups": "MambaSpec"}, env={})
+    plan = plan_groups([group(["a"], full()), group(["m"], mamba())], settings)
+    assert plan.hits_allowed and plan.skipped == {1: "listed in platforms.skip_groups"}
+
+
+def test_state_marker_skips_and_save_groups_overrides():
+    class CompressorStateSpec(type(full())):
+        pass
+
+    state = CompressorStateSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=full().dtype)
+    groups = [group(["a"], full()), group(["s"], state)]
+    assert plan_groups(groups, DEFAULT).saved == (0,)
+    keep = PlatformSettings.load({"platforms.save_groups": "1"}, env={})
+    assert plan_groups(groups, keep).saved == (0, 1)
+
+
+def test_sliding_window_promoted_to_full_keeps_its_window():
+    spec = type(full())(block_size=32, num_kv_heads=1, head_size=64, dtype=full().dtype, sliding_window=48)
+    plan = plan_groups([group(["a"], spec), group(["b"], sliding(48))], DEFAULT)
+    assert [g.sliding_window for g in plan.groups] == [48, 48]

@@ -1,0 +1,75 @@
+"""Per-step request metadata: saving rules for hybrid models, slots per group, failed blocks per group."""
+
+from __future__ import annotations
+
+import torch
+
+from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.integration.vllm.groups import plan_groups, single_group_plan
+from lmcache_platforms.integration.vllm.request_meta import LoadSpec, build_request_meta, first_savable_token
+from lmcache_platforms.integration.vllm.tracker import RequestTracker
+from tests.integration.specs import compressed, full, gemma_like, group
+
+CHUNK = 64
+
+
+def tracker(tokens: int, block_ids: list[list[int]], prompt_len: int | None = None, saved: int = 0):
+    return RequestTracker(req_id="r", prompt_len=prompt_len or tokens, token_ids=list(range(tokens)),
+                          block_ids=block_ids, num_saved_tokens=saved)
+
+
+def test_hybrid_saves_only_whole_chunks_even_at_the_end_of_the_prompt():
+    plan = plan_groups(gemma_like().kv_cache_groups, PlatformSettings())
+    t = tracker(100, [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    meta = build_request_meta(t, plan, CHUNK, discard_partial_chunks=False)
+    assert meta.save_spec.can_save and meta.save_spec.num_tokens == 64
+    assert t.num_saved_tokens == 64
+    assert sorted(meta.slot_mappings) == [0, 1, 2, 3]
+    assert meta.slot_mappings[1][:3].tolist() == [5 * 32, 5 * 32 + 1, 5 * 32 + 2]
+    # the next step crosses no new chunk boundary: nothing to do
+    t.append(list(range(100, 110)), None)
+    assert build_request_meta(t, plan, CHUNK) is None
+
+
+def test_single_group_keeps_upstream_partial_chunk_rule():
+    plan = single_group_plan(32)
+    meta = build_request_meta(tracker(100, [[1, 2, 3, 4]]), plan, CHUNK, discard_partial_chunks=False)
+    assert meta.save_spec.num_tokens == 100
+    assert meta.slot_mapping.tolist() == list(range(32, 132))  # blocks 1..4, 32 slots each
+
+
+def test_chunks_with_rows_in_the_null_block_are_never_saved():
+    # sliding window 64: chunk [0,64) needs rows 0..63, chunk [64,128) rows 64..127, both whole blocks here.
+    plan = plan_groups(gemma_like(window=64).kv_cache_groups, PlatformSettings())
+    ids = [[1, 2, 3, 4, 5, 6], [0, 0, 7, 8, 9, 10], [0, 0, 11, 12, 13, 14], [0, 0, 15, 16, 17, 18]]
+    t = tracker(192, ids)
+    assert first_savable_token(plan.saved_groups, ids, 0, 192, CHUNK) == 64
+    meta = build_request_meta(t, plan, CHUNK)
+    assert meta.save_spec.skip_leading_tokens == 64 and meta.save_spec.num_tokens == 192
+    assert meta.slot_mappings[1][:64].tolist() == [-1] * 64
+
+
+def test_window_smaller_than_chunk_needs_only_its_tail():
+    plan = plan_groups(gemma_like(window=32).kv_cache_groups, PlatformSettings())
+    ids = [[1, 2], [0, 3], [0, 4], [0, 5]]  # block 0 of the sliding groups already freed
+    assert first_savable_token(plan.saved_groups, ids, 0, 64, CHUNK) == 0
+
+
+def test_failed_blocks_use_each_groups_own_block_size():
+    plan = plan_groups([group(["a"], full(128)), group(["c"], compressed(4))], PlatformSettings())
+    # group 0: 128 tokens per block; group 1: 32 rows x 4 tokens = 128 tokens per block as well
+    t = tracker(512, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    meta = build_request_meta(t, plan, CHUNK, load_spec=LoadSpec(0, 512, True))
+    assert meta.failed_blocks(256, 512) == {3, 4, 7, 8}
+    assert meta.failed_blocks(130, 131) == {2, 6}
+    assert len(meta.slot_mappings[1]) == 128 and len(meta.slot_mapping) == 512
+    assert torch.equal(meta.slot_mappings[1][:2], torch.tensor([5 * 32, 5 * 32 + 1]))
+
+
+def test_load_only_request_and_decode_phase():
+    plan = plan_groups(gemma_like().kv_cache_groups, PlatformSettings())
+    t = tracker(130, [[1, 2, 3, 4, 5]] * 4, prompt_len=129, saved=128)
+    t.is_decode_phase = True
+    assert build_request_meta(t, plan, CHUNK) is None
+    meta = build_request_meta(t, plan, CHUNK, load_spec=LoadSpec(0, 128, True))
+    assert not meta.save_spec.can_save and len(meta.token_ids) == 128

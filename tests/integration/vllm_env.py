@@ -1,0 +1,44 @@
+"""A real vLLM 0.32 config for a tiny Gemma-3-like model (config file only: nothing is run or loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CHUNK = 64
+BLOCK = 32
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+
+
+def write_model_config(folder: Path, window: int = 64) -> Path:
+    """A Gemma-3 text config (3 sliding-window layers, then one full-attention layer); no weights."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, query_pre_attn_scalar=64, sliding_window=window,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"], max_position_embeddings=1024,
+        torch_dtype="bfloat16",
+    )
+    config.architectures = ["Gemma3ForCausalLM"]
+    config.save_pretrained(folder)
+    return folder
+
+
+def vllm_config(model: Path, connector: str, disable_hma: bool | None = None, **extra: Any) -> Any:
+    """``VllmConfig`` as ``vllm serve`` builds it, with ``--kv-transfer-config`` naming ``connector``."""
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from lmcache_platforms.integration.vllm.registration import register_connectors
+
+    register_connectors()
+    extra_config = {"lmcache.chunk_size": CHUNK, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": 0.2,
+                    **extra}
+    args = EngineArgs(
+        model=str(model), skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK, max_model_len=1024,
+        kv_transfer_config=KVTransferConfig(kv_connector=connector, kv_role="kv_both",
+                                            kv_connector_extra_config=extra_config),
+        disable_hybrid_kv_cache_manager=disable_hma,
+    )
+    return args.create_engine_config()
