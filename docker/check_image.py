@@ -6,6 +6,7 @@ that moved on (another vLLM, a missing torch-npu) fails the build instead of the
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
@@ -19,6 +20,7 @@ SERVING = {"cuda": ("vllm", "VLLM_VERSION"), "xpu": ("vllm", "VLLM_VERSION"),
            "npu": ("vllm-ascend", "VLLM_ASCEND_VERSION")}
 RUNTIME = {"cuda": None, "xpu": None, "npu": "torch-npu"}
 DEVICE_PLUGIN = {"npu": "lmcache_platforms_npu"}  # LMCache's NPU ops otherwise need LMCache-Ascend
+NATIVE_KERNEL = {"npu": "lmcache_platforms.kernels._ascend_transfer"}  # built by setup.py via csrc/ascend/build.py
 
 
 def _release(text: str, parts: int) -> str:
@@ -43,6 +45,8 @@ def problems(platform: str) -> list[str]:
             version(RUNTIME[platform])
         except PackageNotFoundError:
             found.append(f"{RUNTIME[platform]} is not installed")
+    if platform in NATIVE_KERNEL and importlib.util.find_spec(NATIVE_KERNEL[platform]) is None:
+        found.append(f"{NATIVE_KERNEL[platform]} was not built (see the set-up log: csrc/ascend/build.py)")
     if platform in DEVICE_PLUGIN:
         names = {e.name for e in entry_points(group="lmcache.device_plugins")}
         if DEVICE_PLUGIN[platform] not in names:
