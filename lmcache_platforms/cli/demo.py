@@ -1,0 +1,81 @@
+"""vLLM's CPU engine serving a hybrid Gemma-3-style model (sliding-window + full attention, several KV-cache
+groups) with LMCache through lmcache_platforms: a cold pass, then the same requests in a fresh engine (warm),
+reporting LMCache hit tokens, TTFT cold vs warm and whether the outputs are identical. --compare adds vLLM
+with no connector and LMCache's separate server mode on the same workload and cores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="end with one JSON summary line")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run vLLM with no connector and LMCache's server mode (LMCacheMPConnector)")
+    parser.add_argument("--size", choices=("demo", "tiny"), default="demo",
+                        help="demo: 12 layers, 2,048-token prompts; tiny: a seconds-long smoke run")
+    parser.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (multiple of 32)")
+    parser.add_argument("--cores", help="CPU ids every engine runs on, e.g. 0-1 or 0,2 (default: all usable)")
+    parser.add_argument("--workdir", type=Path,
+                        help="folder for logs and the LMCache store (default: a new temporary folder)")
+    parser.add_argument("--model-cache", type=Path, help="where the random model is kept "
+                        "(default: $LMCACHE_PLATFORMS_CACHE/models or ~/.cache/lmcache_platforms/models)")
+    parser.add_argument("--pass-timeout", type=float, default=600.0, help="seconds one engine pass may take")
+
+
+def _parse_cores(text: str) -> tuple[int, ...]:
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return tuple(sorted(cores))
+
+
+def _fail(message: str) -> int:
+    print(f"lmcache-platforms demo: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from lmcache_platforms.demo.report import ok, render, summary
+    from lmcache_platforms.demo.runners import PassFailed, Resources
+    from lmcache_platforms.demo.scenario import DemoOptions, run_demo
+
+    if args.chunk_size <= 0 or args.chunk_size % 32:
+        return _fail(f"--chunk-size must be a positive multiple of 32, got {args.chunk_size}")
+    resources = Resources.available()
+    if args.cores:
+        try:
+            cores = _parse_cores(args.cores)
+        except ValueError:
+            return _fail(f"--cores must look like 0-1 or 0,2, got {args.cores!r}")
+        usable = set(os.sched_getaffinity(0))
+        if not cores or not set(cores) <= usable:
+            return _fail(f"--cores {args.cores} is not within the usable CPUs {sorted(usable)}")
+        resources = Resources(cores)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lmcache_platforms_demo_"))
+
+    def progress(message: str) -> None:
+        print(f"[demo] {message}", file=sys.stderr, flush=True)
+
+    progress(f"logs and LMCache store in {workdir}")
+    options = DemoOptions(size=args.size, compare=args.compare, chunk_size=args.chunk_size, workdir=workdir,
+                          cache_dir=args.model_cache, resources=resources, pass_timeout_s=args.pass_timeout)
+    try:
+        demo = run_demo(options, progress)
+    except PassFailed as exc:
+        print(f"lmcache-platforms demo: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(exc).splitlines()[0]}))
+        return 1
+    print(render(demo))
+    result = summary(demo)
+    if args.json:
+        print(json.dumps(result))
+    return 0 if ok(result) else 1

@@ -1,0 +1,162 @@
+"""One engine pass, run as its own process: ``python -m lmcache_platforms.demo.engine_pass SPEC.json OUT.json``.
+
+Each pass builds a fresh vLLM engine, serves the workload one request at a time (so each TTFT is one request's
+own), writes what it saw to OUT.json and exits, so nothing of vLLM's own prefix cache or of an in-process
+LMCache survives into the next pass: only what the configured LMCache storage kept. The engine runs in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the runner sets the environment), so the scheduler and the
+worker hash tokens alike and the KV-cache groups can be read back from the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HIT_COUNTERS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits"}
+DRAIN_TIMEOUT_S = 60.0
+
+
+class Progress:
+    """Appends one line per step to a file the parent process relays (our stdout is the engine's log)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def __call__(self, message: str) -> None:
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(message + "\n")
+
+
+def _kv_groups(llm: Any) -> list[dict[str, Any]]:
+    """The KV-cache groups the scheduler made: spec type, block size, sliding window, layer count."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    return [
+        {
+            "spec": type(group.kv_cache_spec).__name__,
+            "block_size": group.kv_cache_spec.block_size,
+            "sliding_window": getattr(group.kv_cache_spec, "sliding_window", None),
+            "layers": len(group.layer_names),
+        }
+        for group in scheduler.kv_cache_config.kv_cache_groups
+    ]
+
+
+def _hit_counts(llm: Any) -> dict[str, int]:
+    """Totals so far of prefix-cache hit tokens: from the connector (LMCache) and from vLLM's own cache."""
+    totals = dict.fromkeys(HIT_COUNTERS, 0)
+    for metric in llm.get_metrics():
+        for source, name in HIT_COUNTERS.items():
+            if metric.name == name:
+                totals[source] += int(metric.value)
+    return totals
+
+
+def _top_logits(step: dict[int, Any]) -> list[list[float]]:
+    """One generated position's top-k as ``[token, raw logit]`` pairs, best first."""
+    ranked = sorted(step.items(), key=lambda item: (item[1].rank, item[0]))
+    return [[token, float(entry.logprob)] for token, entry in ranked]
+
+
+def drain_lmcache_writes(timeout_s: float = DRAIN_TIMEOUT_S) -> int:
+    """Wait until no LMCache backend of this process has a write in flight; returns how many were waited on.
+
+    LMCache writes to remote storage asynchronously and does not wait for them when it closes, so a pass that
+    exits right after its last request could leave the next pass without the last chunks.
+    """
+    engine_module = sys.modules.get("lmcache.v1.cache_engine")
+    if engine_module is None:
+        return 0
+    backends = [
+        backend
+        for engine in list(engine_module.LMCacheEngineBuilder._instances.values())
+        if engine.storage_manager is not None
+        for backend in engine.storage_manager.storage_backends.values()
+        if hasattr(backend, "put_tasks")
+    ]
+    pending = sum(len(backend.put_tasks) for backend in backends)
+    deadline = time.monotonic() + timeout_s
+    while any(backend.put_tasks for backend in backends):
+        if time.monotonic() > deadline:
+            left = sum(len(backend.put_tasks) for backend in backends)
+            raise TimeoutError(f"LMCache still had {left} writes in flight after {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return pending
+
+
+def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
+    from vllm.inputs import TokensPrompt
+
+    before = _hit_counts(llm)
+    t0 = time.perf_counter()
+    (output,) = llm.generate([TokensPrompt(prompt_token_ids=request["tokens"])], params, use_tqdm=False)
+    latency = time.perf_counter() - t0
+    after = _hit_counts(llm)
+    completion = output.outputs[0]
+    return {
+        "name": request["name"],
+        "prompt_tokens": len(request["tokens"]),
+        "lmcache_hit_tokens": after["lmcache"] - before["lmcache"],
+        "vllm_hit_tokens": after["vllm"] - before["vllm"],
+        "ttft_s": output.metrics.first_token_latency if output.metrics is not None else None,
+        "latency_s": latency,
+        "tokens": list(completion.token_ids),
+        "top_logits": [_top_logits(step) for step in completion.logprobs or []],
+    }
+
+
+def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Serve ``spec['requests']`` through a fresh engine built from ``spec``; returns per-request results."""
+    from vllm import LLM, SamplingParams
+
+    progress("starting the engine")
+    started = time.perf_counter()
+    engine_args: dict[str, Any] = {
+        "model": spec["model_dir"],
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "dtype": "bfloat16",
+        "block_size": spec["block_size"],
+        "max_model_len": spec["max_model_len"],
+        "max_num_batched_tokens": spec["max_model_len"],
+        "max_num_seqs": 1,
+        "disable_hybrid_kv_cache_manager": False,
+        "disable_log_stats": False,
+        "logprobs_mode": "raw_logits",
+        "seed": 0,
+    }
+    if spec.get("kv_transfer_config"):
+        engine_args["kv_transfer_config"] = spec["kv_transfer_config"]
+    llm = LLM(**engine_args)
+    result: dict[str, Any] = {"engine_start_s": time.perf_counter() - started, "kv_groups": _kv_groups(llm)}
+    params = SamplingParams(
+        temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=spec["logprobs"], seed=0
+    )
+    progress(f"engine ready in {result['engine_start_s']:.1f} s, {len(result['kv_groups'])} KV-cache groups; "
+             "warm-up request")
+    result["warmup"] = _serve(llm, spec["warmup"], params)
+    requests = []
+    for request in spec["requests"]:
+        requests.append(_serve(llm, request, params))
+        done = requests[-1]
+        progress(f"{done['name']}: TTFT {done['ttft_s']:.3f} s, LMCache hit {done['lmcache_hit_tokens']}"
+                 f"/{done['prompt_tokens']} tokens")
+    result["requests"] = requests
+    result["drained_writes"] = drain_lmcache_writes()
+    progress("shutting the engine down")
+    llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    result = run_pass(spec, Progress(spec.get("progress_file")))
+    Path(argv[1]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

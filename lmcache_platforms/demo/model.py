@@ -1,0 +1,103 @@
+"""A small Gemma-3-style model with random weights, written once into a cache folder and reused.
+
+No model hub is reachable here, and vLLM only needs a config and weights, so the demo builds its own model:
+sliding-window and full-attention layers (vLLM's hybrid KV-cache manager then makes several KV-cache groups),
+sized so that prefill of a long prompt clearly dominates while the whole demo stays within minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DONE_MARKER = ".lmcache_platforms_model.json"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of the random model; ``name`` is its cache folder, so any change of shape needs a new name."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    sliding_window: int
+    full_attention_every: int
+    max_model_len: int
+    # Untied embeddings and a wider init than Gemma's 0.02: with Gemma's defaults greedy decoding of a random
+    # model mostly repeats the last prompt token, which would make "identical outputs" prove little.
+    tie_embeddings: bool = False
+    init_range: float = 0.1
+    seed: int = 0
+
+    def layer_types(self) -> list[str]:
+        """Gemma-3's pattern: every ``full_attention_every``-th layer is full attention, the rest slide."""
+        return [
+            "full_attention" if (i + 1) % self.full_attention_every == 0 else "sliding_attention"
+            for i in range(self.num_layers)
+        ]
+
+
+# Prefill of a 2,048-token prompt takes seconds on a 2-core CPU; one decode step stays in the tens of ms.
+DEMO_MODEL = ModelSpec(
+    name="gemma3-demo-12L-1024h-v2", num_layers=12, hidden_size=1024, intermediate_size=4096, num_heads=8,
+    num_kv_heads=4, head_dim=128, vocab_size=8192, sliding_window=512, full_attention_every=6,
+    max_model_len=4096,
+)
+# For tests: a few layers, a few hundred tokens, seconds per pass.
+TINY_MODEL = ModelSpec(
+    name="gemma3-tiny-4L-256h-v2", num_layers=4, hidden_size=256, intermediate_size=512, num_heads=4,
+    num_kv_heads=2, head_dim=64, vocab_size=2048, sliding_window=64, full_attention_every=4,
+    max_model_len=1024,
+)
+MODELS = {"demo": DEMO_MODEL, "tiny": TINY_MODEL}
+
+
+def default_cache_dir() -> Path:
+    """``$LMCACHE_PLATFORMS_CACHE`` or ``~/.cache/lmcache_platforms``; models live under ``models/``."""
+    root = os.environ.get("LMCACHE_PLATFORMS_CACHE") or Path.home() / ".cache" / "lmcache_platforms"
+    return Path(root) / "models"
+
+
+def _is_complete(folder: Path, spec: ModelSpec) -> bool:
+    marker = folder / DONE_MARKER
+    return marker.is_file() and json.loads(marker.read_text()) == asdict(spec)
+
+
+def ensure_model(
+    spec: ModelSpec, cache_dir: Path | None = None, progress: Callable[[str], None] = lambda _msg: None
+) -> Path:
+    """The folder holding ``spec``'s model, created (config + random bf16 weights) on first use.
+
+    A marker file written last says the folder is complete, so an interrupted run is redone, never reused.
+    """
+    folder = (cache_dir or default_cache_dir()) / spec.name
+    if _is_complete(folder, spec):
+        progress(f"model {spec.name}: reusing {folder}")
+        return folder
+    progress(f"model {spec.name}: creating random weights in {folder} (once)")
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, query_pre_attn_scalar=spec.head_dim,
+        sliding_window=spec.sliding_window, layer_types=spec.layer_types(),
+        max_position_embeddings=spec.max_model_len, tie_word_embeddings=spec.tie_embeddings,
+        initializer_range=spec.init_range, torch_dtype="bfloat16",
+    )
+    config.architectures = ["Gemma3ForCausalLM"]
+    torch.manual_seed(spec.seed)
+    model = Gemma3ForCausalLM(config).to(torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    (folder / DONE_MARKER).write_text(json.dumps(asdict(spec)))
+    return folder

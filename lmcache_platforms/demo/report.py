@@ -1,0 +1,120 @@
+"""The demo's tables and its one-line JSON summary, from a finished ``DemoRun``."""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any
+
+from lmcache_platforms.demo.identity import Verdict, compare
+from lmcache_platforms.demo.scenario import DemoRun, Outcome
+
+
+def _mean_ttft(result: dict[str, Any] | None) -> float | None:
+    if not result:
+        return None
+    return mean(r["ttft_s"] for r in result["requests"])
+
+
+def _verdicts(outcome: Outcome) -> list[Verdict]:
+    cold, warm = outcome.passes.get("cold"), outcome.passes.get("warm")
+    if not cold or not warm:
+        return []
+    return [compare(c, w) for c, w in zip(cold["requests"], warm["requests"], strict=True)]
+
+
+def summary(run: DemoRun) -> dict[str, Any]:
+    """The JSON object the CLI prints last."""
+    ours = run.outcomes["ours"]
+    cold, warm = ours.passes["cold"], ours.passes["warm"]
+    verdicts = _verdicts(ours)
+    cold_ttft, warm_ttft = _mean_ttft(cold), _mean_ttft(warm)
+    result: dict[str, Any] = {
+        "model": run.model.name,
+        "kv_groups": len(cold["kv_groups"]),
+        "requests": len(run.requests),
+        "prompt_tokens": sum(len(r.tokens) for r in run.requests),
+        "chunk_size": run.options.chunk_size,
+        "hit_tokens": sum(r["lmcache_hit_tokens"] for r in warm["requests"]),
+        "identical": all(v.identical for v in verdicts),
+        "bf16_ties": sum(v.tie for v in verdicts),
+        "different": sum(not v.equivalent for v in verdicts),
+        "ttft_cold_s": cold_ttft,
+        "ttft_warm_s": warm_ttft,
+        "warm_over_cold": warm_ttft / cold_ttft if cold_ttft else None,
+        "cores": list(run.options.resources.cores),
+    }
+    if run.options.compare:
+        none, server = run.outcomes.get("none"), run.outcomes.get("server")
+        result["ttft_no_connector_s"] = _mean_ttft(none.passes.get("cold")) if none else None
+        server_warm = _mean_ttft(server.passes.get("warm")) if server else None
+        result["ttft_warm_lmcache_server_s"] = server_warm
+        result["lmcache_server_error"] = server.error.splitlines()[0] if server and server.error else None
+        result["warm_over_lmcache_server"] = warm_ttft / server_warm if server_warm else None
+    return result
+
+
+def ok(summary_: dict[str, Any]) -> bool:
+    """The demo shows what it should: hits, >= 2 groups, and no output that differs beyond a bf16 tie."""
+    return summary_["hit_tokens"] > 0 and summary_["kv_groups"] >= 2 and summary_["different"] == 0
+
+
+def _fmt(value: float | None, unit: str = "s") -> str:
+    return "-" if value is None else f"{value:.3f} {unit}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return out
+
+
+def render(run: DemoRun) -> str:
+    """Human-readable report: groups, per-request cold vs warm, and the comparison table if any."""
+    ours = run.outcomes["ours"]
+    cold, warm = ours.passes["cold"], ours.passes["warm"]
+    groups = ", ".join(
+        f"{g['spec']}(window={g['sliding_window']}, {g['layers']} layers)" if g["sliding_window"]
+        else f"{g['spec']}({g['layers']} layers)"
+        for g in cold["kv_groups"]
+    )
+    lines = [
+        f"model {run.model.name}: {run.model.num_layers} layers, {len(cold['kv_groups'])} KV-cache groups: "
+        f"{groups}",
+        f"LMCache chunk size {run.options.chunk_size}, vLLM block size {cold['kv_groups'][0]['block_size']}, "
+        f"cores {','.join(map(str, run.options.resources.cores))}",
+        "",
+    ]
+    rows = []
+    for c, w, verdict in zip(cold["requests"], warm["requests"], _verdicts(ours), strict=True):
+        rows.append([
+            c["name"], str(c["prompt_tokens"]), _fmt(c["ttft_s"]), _fmt(w["ttft_s"]),
+            f"{w['lmcache_hit_tokens']}", f"{w['vllm_hit_tokens']}", verdict.describe(),
+        ])
+    lines += _table(["request", "prompt", "TTFT cold", "TTFT warm", "LMCache hits (warm)",
+                     "vLLM prefix hits (warm)", "warm output vs cold"], rows)
+    cold_mean, warm_mean = _mean_ttft(cold), _mean_ttft(warm)
+    lines += ["", f"mean TTFT: cold {_fmt(cold_mean)}, warm (fresh engine) {_fmt(warm_mean)}"
+              f" = {warm_mean / cold_mean:.3f}x cold"]
+    if run.options.compare:
+        lines += ["", *_comparison(run)]
+    return "\n".join(lines)
+
+
+def _comparison(run: DemoRun) -> list[str]:
+    rows = []
+    for key in ("none", "server", "ours"):
+        outcome = run.outcomes.get(key)
+        if outcome is None:
+            continue
+        cold, warm = outcome.passes.get("cold"), outcome.passes.get("warm")
+        if outcome.error and not cold:
+            rows.append([outcome.label, "-", "-", "-", "could not run: " + outcome.error.splitlines()[0]])
+            continue
+        hits = sum(r["lmcache_hit_tokens"] for r in warm["requests"]) if warm else 0
+        note = "no cache kept across engines" if key == "none" else (outcome.error or "").splitlines()[:1]
+        rows.append([outcome.label, _fmt(_mean_ttft(cold)), _fmt(_mean_ttft(warm)), str(hits),
+                     note if isinstance(note, str) else "".join(note)])
+    return _table(["configuration", "mean TTFT cold", "mean TTFT warm (fresh engine)", "hit tokens (warm)",
+                   "note"], rows)

@@ -1,0 +1,216 @@
+"""Runs engine passes as subprocesses pinned to the same cores, and LMCache's separate server when compared.
+
+Why subprocesses: a pass must start from a fresh engine (vLLM's own prefix cache empty), and an engine with
+LMCache in it must not be able to hang the demo at exit. Each pass gets its own session (process group): when
+it ends, or runs past its time limit, whatever it left behind is killed, so no stray process outlives it.
+Every process is pinned to the same CPU set and vLLM is given that set explicitly, because vLLM's automatic
+binding reserves a core when a connector is configured and would compare configurations on unequal CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Progress = Callable[[str], None]
+
+
+class PassFailed(RuntimeError):
+    """A pass or the LMCache server did not finish; the message ends with the tail of its log."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The CPUs every process of the demo runs on, and vLLM's KV-cache size (GiB)."""
+
+    cores: tuple[int, ...]
+    kv_cache_gib: int = 1
+
+    @classmethod
+    def available(cls) -> Resources:
+        return cls(tuple(sorted(os.sched_getaffinity(0))))
+
+    def cpu_list(self) -> str:
+        return ",".join(str(core) for core in self.cores)
+
+    def pin(self) -> None:
+        """Runs in the child between fork and exec."""
+        os.sched_setaffinity(0, self.cores)
+
+
+def base_env(resources: Resources) -> dict[str, str]:
+    """Environment every pass needs: one process per engine, stable token hashing, explicit CPU binding."""
+    env = dict(os.environ)
+    env.update({
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONHASHSEED": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(resources.kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": resources.cpu_list(),
+        "LMCACHE_TRACK_USAGE": "false",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    return env
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill the process group the child leads (it and anything it started), then reap the child."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@dataclass
+class _Relay:
+    """Forwards new lines of a pass's progress file."""
+
+    path: Path
+    progress: Progress
+    prefix: str
+    offset: int = 0
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete, _, _rest = text.rpartition("\n")
+        if complete:
+            self.offset += len(complete) + 1
+            for line in complete.splitlines():
+                self.progress(f"{self.prefix}{line}")
+
+
+@dataclass
+class PassRunner:
+    """Runs engine passes in ``workdir`` (specs, results, logs) with the given resources."""
+
+    workdir: Path
+    resources: Resources
+    progress: Progress
+    timeout_s: float = 600.0
+    logs: list[Path] = field(default_factory=list)
+
+    def run(self, label: str, spec: dict[str, Any], extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+        """One engine pass: returns its result dict or raises PassFailed with the log's tail."""
+        stem = self.workdir / label
+        spec_path, out_path, log_path = (stem.with_suffix(s) for s in (".spec.json", ".out.json", ".log"))
+        progress_path = stem.with_suffix(".progress")
+        for path in (out_path, progress_path):
+            path.unlink(missing_ok=True)
+        spec_path.write_text(json.dumps({**spec, "progress_file": str(progress_path)}))
+        env = {**base_env(self.resources), **(extra_env or {})}
+        relay = _Relay(progress_path, self.progress, f"  [{label}] ")
+        self.logs.append(log_path)
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "lmcache_platforms.demo.engine_pass", str(spec_path), str(out_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True, preexec_fn=self.resources.pin,
+            )
+            deadline = time.monotonic() + self.timeout_s
+            try:
+                while process.poll() is None:
+                    relay.poll()
+                    if time.monotonic() > deadline:
+                        raise PassFailed(f"pass {label} ran past {self.timeout_s:.0f} s; log {log_path}:\n"
+                                         f"{_log_tail(log_path)}")
+                    time.sleep(0.2)
+            finally:
+                _kill_group(process)
+                relay.poll()
+        if process.returncode != 0 or not out_path.exists():
+            raise PassFailed(f"pass {label} failed (exit {process.returncode}); log {log_path}:\n"
+                             f"{_log_tail(log_path)}")
+        return json.loads(out_path.read_text())
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it), so a demo never talks to someone else's server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class LMCacheServer:
+    """LMCache's separate server (``lmcache server``), pinned like the passes, for the comparison."""
+
+    workdir: Path
+    resources: Resources
+    chunk_size: int
+    port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    l1_size_gb: float = 2.0
+    start_timeout_s: float = 120.0
+    process: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "lmcache_server.log"
+
+    def command(self) -> list[str]:
+        script = Path(sys.executable).with_name("lmcache")
+        return [
+            str(script), "server", "--host", "localhost", "--port", str(self.port),
+            "--http-host", "localhost", "--http-port", str(self.http_port),
+            "--chunk-size", str(self.chunk_size), "--l1-size-gb", str(self.l1_size_gb),
+            "--eviction-policy", "LRU", "--supported-transfer-mode", "lmcache_driven",
+        ]
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        return {
+            "kv_connector": "LMCacheMPConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": self.port},
+        }
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://localhost:{self.http_port}/", timeout=1.0) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def __enter__(self) -> LMCacheServer:
+        env = base_env(self.resources)
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True, preexec_fn=self.resources.pin,
+            )
+        deadline = time.monotonic() + self.start_timeout_s
+        while self.process.poll() is not None or not self._ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise PassFailed(f"lmcache server did not start; log {self.log_path}:\n{_log_tail(self.log_path)}")
+            time.sleep(0.5)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Ask the server to stop (SIGINT, as Ctrl-C would), then kill its group whatever happened."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=15)
+        _kill_group(self.process)
+        self.process = None

@@ -1,0 +1,145 @@
+"""The demo's sequence: model, workload, then cold and warm passes per configuration.
+
+Where LMCache keeps the KV cache between passes: LMCache's ``fs://`` remote backend (one file per chunk under
+the run's folder, behind the usual local CPU cache). A pass is a whole process that exits, so the data must
+outlive it; files need no server (Redis would), keep every KV-cache group of a chunk in one object (the
+connector's MemoryObj holds one tensor per group and the fs backend stores their shapes and dtypes with it),
+and reading them back comes from the page cache. Each pass waits for its writes before it exits.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmcache_platforms.demo.model import MODELS, ModelSpec, ensure_model
+from lmcache_platforms.demo.runners import LMCacheServer, PassFailed, PassRunner, Resources
+from lmcache_platforms.demo.workload import WORKLOADS, Request, WorkloadSpec, build_workload, warmup_request
+
+OUR_CONNECTOR = "LMCachePlatformsConnector"
+UPSTREAM_CONNECTOR = "LMCacheConnectorV1"
+# vLLM's CPU backend wants block sizes that are multiples of 32; LMCache's server wants block = chunk size.
+BLOCK_SIZE = 32
+SERVER_CHUNK_SIZE = 32
+TOP_LOGITS = 5
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    size: str = "demo"
+    compare: bool = False
+    chunk_size: int = 256
+    workdir: Path = Path(".")
+    cache_dir: Path | None = None
+    resources: Resources = field(default_factory=Resources.available)
+    pass_timeout_s: float = 600.0
+
+
+@dataclass
+class Outcome:
+    """What one configuration gave: its passes' results, or why it could not run."""
+
+    label: str
+    passes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class DemoRun:
+    model: ModelSpec
+    workload: WorkloadSpec
+    requests: list[Request]
+    options: DemoOptions
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+
+
+def lmcache_yaml(chunk_size: int, store: Path, cpu_gib: float = 2.0) -> str:
+    """LMCache's config for our passes: local CPU cache in front of a persistent ``fs://`` store."""
+    return (
+        f"chunk_size: {chunk_size}\n"
+        "local_cpu: true\n"
+        f"max_local_cpu_size: {cpu_gib}\n"
+        f'remote_url: "fs://{store.resolve()}"\n'
+        "remote_serde: naive\n"
+    )
+
+
+def _pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, requests: list[Request],
+               salt: str, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
+    longest = max(len(r.tokens) for r in requests)
+    warmup = warmup_request(longest, model.vocab_size, salt)
+    return {
+        "model_dir": str(model_dir),
+        "block_size": BLOCK_SIZE,
+        "max_model_len": model.max_model_len,
+        "max_tokens": workload.max_tokens,
+        "logprobs": TOP_LOGITS,
+        "kv_transfer_config": kv_transfer_config,
+        "warmup": asdict(warmup),
+        "requests": [asdict(r) for r in requests],
+    }
+
+
+def _connector_config(name: str) -> dict[str, Any]:
+    return {"kv_connector": name, "kv_role": "kv_both"}
+
+
+def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
+    """Run every configuration the options ask for; failures of compared configurations are recorded."""
+    model, workload = MODELS[options.size], WORKLOADS[options.size]
+    model_dir = ensure_model(model, options.cache_dir, progress)
+    requests = build_workload(workload, model.vocab_size)
+    run = DemoRun(model, workload, requests, options)
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    runner = PassRunner(options.workdir, options.resources, progress, options.pass_timeout_s)
+
+    def spec(label: str, kv: dict[str, Any] | None) -> dict[str, Any]:
+        return _pass_spec(model_dir, model, workload, requests, label, kv)
+
+    store = options.workdir / "lmcache_store"
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir(parents=True)
+    config_file = options.workdir / "lmcache.yaml"
+    config_file.write_text(lmcache_yaml(options.chunk_size, store))
+    ours = run.outcomes.setdefault("ours", Outcome("LMCache in-process + lmcache_platforms"))
+    env = {"LMCACHE_CONFIG_FILE": str(config_file)}
+    try:
+        for phase in ("cold", "warm"):
+            progress(f"pass {phase} with {OUR_CONNECTOR} (fresh engine)")
+            ours.passes[phase] = runner.run(f"ours-{phase}", spec(f"ours-{phase}", _connector_config(OUR_CONNECTOR)),
+                                            env)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    if options.compare:
+        _run_comparisons(run, runner, spec, progress)
+    return run
+
+
+def _run_comparisons(run: DemoRun, runner: PassRunner, spec: Callable[[str, Any], dict[str, Any]],
+                     progress: Callable[[str], None]) -> None:
+    none = run.outcomes.setdefault("none", Outcome("vLLM, no connector"))
+    progress("pass with no connector (fresh engine)")
+    try:
+        none.passes["cold"] = runner.run("none", spec("none", None))
+    except PassFailed as exc:
+        none.error = str(exc)
+    server = run.outcomes.setdefault("server", Outcome("LMCache server mode (LMCacheMPConnector)"))
+    chunk = SERVER_CHUNK_SIZE
+    if chunk != BLOCK_SIZE or run.model.sliding_window % BLOCK_SIZE:
+        server.error = (f"needs block size = chunk size = {chunk} and a sliding window that is a multiple of the "
+                        f"block size (have {BLOCK_SIZE}, window {run.model.sliding_window})")
+        return
+    progress(f"starting LMCache server (chunk size {chunk})")
+    try:
+        with LMCacheServer(run.options.workdir, run.options.resources, chunk) as lmcache_server:
+            mp_env = {"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven"}
+            for phase in ("cold", "warm"):
+                progress(f"pass {phase} with LMCacheMPConnector (fresh engine)")
+                server.passes[phase] = runner.run(f"server-{phase}",
+                                                  spec(f"server-{phase}", lmcache_server.kv_transfer_config()),
+                                                  mp_env)
+    except PassFailed as exc:
+        server.error = str(exc)
