@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -67,6 +68,26 @@ def _log_tail(path: Path, lines: int = 25) -> str:
     if not path.exists():
         return "(no log)"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+_LOG_STAMP = re.compile(r"\[\d{4}-\d\d-\d\d ")  # another process's log line glued onto the error
+
+
+def _last_error(path: Path) -> str:
+    """The last ``SomeError: message`` line of a log (a traceback's conclusion), or an empty string."""
+    if not path.exists():
+        return ""
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        text = line.split("]: ", 1)[-1].strip()
+        head = text.split(":", 1)[0]
+        if ":" in text and head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
+            return _LOG_STAMP.split(text, 1)[0].strip()
+    return ""
+
+
+def _failure(what: str, log_path: Path) -> PassFailed:
+    error = _last_error(log_path)
+    return PassFailed(f"{what}{': ' + error if error else ''}\nlog {log_path}:\n{_log_tail(log_path)}")
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -130,15 +151,13 @@ class PassRunner:
                 while process.poll() is None:
                     relay.poll()
                     if time.monotonic() > deadline:
-                        raise PassFailed(f"pass {label} ran past {self.timeout_s:.0f} s; log {log_path}:\n"
-                                         f"{_log_tail(log_path)}")
+                        raise _failure(f"pass {label} ran past {self.timeout_s:.0f} s", log_path)
                     time.sleep(0.2)
             finally:
                 _kill_group(process)
                 relay.poll()
         if process.returncode != 0 or not out_path.exists():
-            raise PassFailed(f"pass {label} failed (exit {process.returncode}); log {log_path}:\n"
-                             f"{_log_tail(log_path)}")
+            raise _failure(f"pass {label} failed (exit {process.returncode})", log_path)
         return json.loads(out_path.read_text())
 
 
@@ -200,7 +219,7 @@ class LMCacheServer:
         while self.process.poll() is not None or not self._ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise PassFailed(f"lmcache server did not start; log {self.log_path}:\n{_log_tail(self.log_path)}")
+                raise _failure("lmcache server did not start", self.log_path)
             time.sleep(0.5)
         return self
 

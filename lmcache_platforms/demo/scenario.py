@@ -67,7 +67,7 @@ def lmcache_yaml(chunk_size: int, store: Path, cpu_gib: float = 2.0) -> str:
     )
 
 
-def _pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, requests: list[Request],
+def pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, requests: list[Request],
                salt: str, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
     longest = max(len(r.tokens) for r in requests)
     warmup = warmup_request(longest, model.vocab_size, salt)
@@ -83,7 +83,7 @@ def _pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, reques
     }
 
 
-def _connector_config(name: str) -> dict[str, Any]:
+def connector_config(name: str) -> dict[str, Any]:
     return {"kv_connector": name, "kv_role": "kv_both"}
 
 
@@ -97,7 +97,7 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
     runner = PassRunner(options.workdir, options.resources, progress, options.pass_timeout_s)
 
     def spec(label: str, kv: dict[str, Any] | None) -> dict[str, Any]:
-        return _pass_spec(model_dir, model, workload, requests, label, kv)
+        return pass_spec(model_dir, model, workload, requests, label, kv)
 
     store = options.workdir / "lmcache_store"
     shutil.rmtree(store, ignore_errors=True)
@@ -109,7 +109,7 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
     try:
         for phase in ("cold", "warm"):
             progress(f"pass {phase} with {OUR_CONNECTOR} (fresh engine)")
-            ours.passes[phase] = runner.run(f"ours-{phase}", spec(f"ours-{phase}", _connector_config(OUR_CONNECTOR)),
+            ours.passes[phase] = runner.run(f"ours-{phase}", spec(f"ours-{phase}", connector_config(OUR_CONNECTOR)),
                                             env)
     finally:
         shutil.rmtree(store, ignore_errors=True)
