@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import lmcache.integration.vllm.vllm_v1_adapter  # noqa: F401 - before engine_impl, see below
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -19,6 +20,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+# Upstream's adapter is imported first on purpose: importing it fires our patch of its
+# LMCacheConnectorV1Impl, which imports engine_impl; were engine_impl the importer, the patch would find
+# engine_impl half-initialised.
 from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
 
 
