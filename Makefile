@@ -8,7 +8,8 @@ STAMP := $(VENV)/.setup-$(PLATFORM)
 
 setup: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements.py csrc/cpu/kv_transfer.c
+$(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements.py \
+		$(wildcard csrc/cpu/* csrc/ascend/*)
 	PLATFORM=$(PLATFORM) bash scripts/setup_env.sh $(VENV)
 
 test: setup

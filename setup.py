@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 import sys
 
 from setuptools import Extension, find_packages, setup
@@ -19,6 +20,7 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:  # noqa: BLE001 - any build failure means "no native kernels", not "no package"
             print(f"lmcache_platforms: native CPU kernels not built ({exc}); the torch backend will be used",
                   file=sys.stderr)
+        runpy.run_path("csrc/ascend/build.py")["build_for_setup"](self)
 
     def build_extension(self, ext: Extension) -> None:
         try:
@@ -57,5 +59,8 @@ setup(
     entry_points={
         "console_scripts": ["lmcache-platforms = lmcache_platforms.cli.main:main"],
         "vllm.general_plugins": ["lmcache_platforms = lmcache_platforms.activation:vllm_plugin"],
+        "lmcache.device_plugins": [
+            "lmcache_platforms_npu = lmcache_platforms.platforms.npu_spec:PlatformsNpuDeviceSpec",
+        ],
     },
 )

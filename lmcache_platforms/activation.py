@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ DISABLE_ENV = "LMCACHE_PLATFORMS_DISABLE"
 ALLOW_UNKNOWN_ENV = "LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS"
 VLLM_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 REGISTRATION = "lmcache_platforms.integration.vllm.registration"
+LMCACHE_DEVICE_BACKEND_ENV = "LMCACHE_DEVICE_BACKEND"
 
 
 def _flag(name: str) -> bool:
@@ -70,7 +72,9 @@ def activate() -> Activation:
         from lmcache_platforms.platforms.detect import current_platform
 
         try:
-            state.platform = current_platform().name
+            platform = current_platform()
+            state.platform = platform.name
+            _select_lmcache_device_backend(platform.lmcache_device_backend)
             state.registry = PatchRegistry(PATCHES, allow_unknown_versions=_flag(ALLOW_UNKNOWN_ENV))
             state.registry.apply()
         except Exception as exc:
@@ -82,6 +86,17 @@ def activate() -> Activation:
         _state = state
         logger.info("lmcache_platforms activated: %s", summary(state))
         return state
+
+
+def _select_lmcache_device_backend(backend: str | None, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Make LMCache pick our DeviceSpec where we add one (upstream's is also "available" there and LMCache
+    refuses to choose between two); a value the user set is kept."""
+    if backend is None:
+        return
+    chosen = environ.setdefault(LMCACHE_DEVICE_BACKEND_ENV, backend)
+    if chosen != backend:
+        logger.info("%s=%s set by the user; lmcache_platforms' device plugin %s is not used",
+                    LMCACHE_DEVICE_BACKEND_ENV, chosen, backend)
 
 
 def _register_connectors(_factory_module: Any) -> None:

@@ -67,3 +67,14 @@ def test_unknown_upstream_version_fails_activation_and_is_reported(monkeypatch):
         monkeypatch.undo()
         activation.reset_for_tests()
         activation.activate()
+
+
+def test_lmcache_device_backend_is_chosen_only_where_we_add_a_spec():
+    environ: dict[str, str] = {}
+    activation._select_lmcache_device_backend(None, environ)
+    assert environ == {}
+    activation._select_lmcache_device_backend("lmcache_platforms_npu", environ)
+    assert environ == {"LMCACHE_DEVICE_BACKEND": "lmcache_platforms_npu"}
+    environ["LMCACHE_DEVICE_BACKEND"] = "user_choice"
+    activation._select_lmcache_device_backend("lmcache_platforms_npu", environ)
+    assert environ == {"LMCACHE_DEVICE_BACKEND": "user_choice"}

@@ -8,17 +8,27 @@ from typing import Any
 
 
 def split_ref(ref: str) -> tuple[str, str]:
-    """``"pkg.module:attr"`` -> ``("pkg.module", "attr")``; rejects anything else."""
+    """``"pkg.module:attr"`` (or ``"pkg.module:Class.attr"``) -> ``("pkg.module", "attr")``."""
     module, sep, attr = ref.partition(":")
-    if not sep or not module or not attr or "." in attr:
+    if not sep or not module or not attr or "" in attr.split("."):
         raise ValueError(f"expected 'module.path:attribute', got {ref!r}")
     return module, attr
 
 
+def resolve_owner(module: Any, attr: str) -> tuple[Any, str]:
+    """The object holding the last name of a dotted ``attr`` inside ``module``, and that name."""
+    *path, name = attr.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
+
+
 def resolve(ref: str) -> Any:
-    """Import ``module`` and return its ``attr``."""
+    """Import ``module`` and return its (possibly dotted) ``attr``."""
     module, attr = split_ref(ref)
-    return getattr(importlib.import_module(module), attr)
+    owner, name = resolve_owner(importlib.import_module(module), attr)
+    return getattr(owner, name)
 
 
 @dataclass(frozen=True)
@@ -28,8 +38,10 @@ class Patch:
     ``versions`` is a requirement string on the distribution that owns the target (``"lmcache==0.5.6"``); the
     patch is refused when the installed version is outside it. ``stale_copies`` name modules that did
     ``from target_module import attr`` and so hold the original object under the same name: they are rebound
-    too. ``requires`` names top-level modules that must be installed for the patch to apply at all (otherwise it
-    is "not applicable", e.g. vLLM integration on a machine without vLLM).
+    too. A dotted attribute (``Class.method``) replaces a class member. With ``wrapper``, ``replacement`` is
+    called with the original (the raw class attribute, e.g. a classmethod object) and returns what to install.
+    ``requires`` names top-level modules that must be installed for the patch to apply at all (otherwise it is
+    "not applicable", e.g. vLLM integration on a machine without vLLM).
     """
 
     target: str
@@ -38,10 +50,13 @@ class Patch:
     stale_copies: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     why: str = ""
+    wrapper: bool = False
 
     def __post_init__(self) -> None:
         split_ref(self.target)
         split_ref(self.replacement)
+        if "." in self.attr and self.stale_copies:
+            raise ValueError(f"{self.target}: a class member has no from-import copies to rebind")
 
     @property
     def module(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import wrapt
 
 from lmcache_platforms.log import init_logger
-from lmcache_platforms.patching.patch import Patch, resolve
+from lmcache_platforms.patching.patch import Patch, resolve, resolve_owner
 from lmcache_platforms.patching.versions import (
     UnsupportedUpstreamVersion,
     check_version,
@@ -144,10 +144,11 @@ class PatchRegistry:
 
     def _apply_one(self, record: PatchRecord) -> None:
         patch = record.patch
-        target_module = sys.modules[patch.module]
-        record.original = getattr(target_module, patch.attr)
-        record.replacement = resolve(patch.replacement)
-        setattr(target_module, patch.attr, record.replacement)
+        owner, name = resolve_owner(sys.modules[patch.module], patch.attr)
+        record.original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        replacement = resolve(patch.replacement)
+        record.replacement = replacement(record.original) if patch.wrapper else replacement
+        setattr(owner, name, record.replacement)
         record.state = PatchState.APPLIED
         record.detail = f"{patch.target} -> {patch.replacement}"
         for name in patch.stale_copies:
@@ -167,7 +168,8 @@ class PatchRegistry:
             self._active = False
             for record in reversed(self.records):
                 if record.state is PatchState.APPLIED:
-                    setattr(sys.modules[record.patch.module], record.patch.attr, record.original)
+                    owner, name = resolve_owner(sys.modules[record.patch.module], record.patch.attr)
+                    setattr(owner, name, record.original)
                     for name in record.rebound:
                         module = sys.modules.get(name)
                         if module is not None and getattr(module, record.patch.attr, None) is record.replacement:

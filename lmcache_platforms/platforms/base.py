@@ -19,6 +19,8 @@ class Platform:
     name: str = "cpu"
     torch_module_name: str = ""
     default_kernel_backend: str = "torch"
+    #: ``backend_name`` of the DeviceSpec we add for this platform, selected through LMCACHE_DEVICE_BACKEND
+    lmcache_device_backend: str | None = None
 
     def available(self) -> tuple[bool, str]:
         """(usable on this machine, why or why not)."""

@@ -22,6 +22,7 @@ class NpuPlatform(Platform):
     name = "npu"
     torch_module_name = "npu"
     default_kernel_backend = "ascend"
+    lmcache_device_backend = LMCACHE_BACKEND_NAME
 
     def _module(self) -> Any:
         importlib.import_module("torch_npu")

@@ -38,9 +38,10 @@ def ascend_kv_transfer():
 
 @pytest.fixture
 def factory(monkeypatch):
-    """vLLM's factory with its built-in registry, restored (entries and method) after the test."""
+    """vLLM's factory with its built-in registry and the catalog's guard, restored after the test."""
     monkeypatch.setattr(KVConnectorFactory, "_registry", dict(KVConnectorFactory._registry))
-    monkeypatch.setattr(KVConnectorFactory, "register_connector", KVConnectorFactory.__dict__["register_connector"])
+    guard = reg.guard_register_connector(KVConnectorFactory.__dict__["register_connector"])
+    monkeypatch.setattr(KVConnectorFactory, "register_connector", guard)
     return KVConnectorFactory
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import lmcache_platforms
 from lmcache_platforms.patching.catalog import PATCHES
-from lmcache_platforms.patching.patch import resolve
+from lmcache_platforms.patching.patch import resolve, resolve_owner
 from lmcache_platforms.patching.registry import PatchState
 
 
@@ -21,9 +21,14 @@ def test_patch_replaces_the_object_upstream_callers_use(patch):
     if not _installed(patch):
         pytest.skip(f"{patch.requires} not installed here")
     assert lmcache_platforms.status()["activated"]
-    target = importlib.import_module(patch.module)
+    owner, name = resolve_owner(importlib.import_module(patch.module), patch.attr)
+    installed = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
     ours = resolve(patch.replacement)
-    assert getattr(target, patch.attr) is ours
+    if patch.wrapper:
+        record = next(r for r in lmcache_platforms.activate().registry.records if r.patch is patch)
+        assert installed is record.replacement and record.original is not installed
+        return
+    assert installed is ours
     for name in patch.stale_copies:
         module = importlib.import_module(name)
         assert getattr(module, patch.attr) is ours, f"{name}.{patch.attr} still holds upstream's object"

@@ -144,3 +144,23 @@ def test_check_version(installed, expected):
 def test_malformed_refs_are_rejected():
     with pytest.raises(ValueError, match=r"expected 'module\.path:attribute'"):
         Patch(target="lmcache.no_colon", replacement="a:b", versions="lmcache==0.5.6")
+
+
+def test_class_member_wrapper_patch_and_rollback(modules):
+    pkg = modules
+    target = importlib.import_module(f"{pkg}.target")
+    target.Factory = type("Factory", (), {"make": classmethod(lambda cls, x: f"made {x}")})
+    ours = importlib.import_module(f"{pkg}.ours")
+    ours.guard = lambda original: classmethod(lambda cls, x: "guarded " + original.__func__(cls, x))
+    patch = Patch(target=f"{pkg}.target:Factory.make", replacement=f"{pkg}.ours:guard", versions="lmcache>=0",
+                  wrapper=True)
+    registry = PatchRegistry([patch])
+    registry.apply()
+    assert target.Factory.make(1) == "guarded made 1"
+    registry.rollback()
+    assert target.Factory.make(1) == "made 1"
+
+
+def test_class_member_cannot_declare_stale_copies():
+    with pytest.raises(ValueError, match="a class member has no from-import copies"):
+        Patch(target="a:B.c", replacement="d:e", versions="lmcache==0.5.6", stale_copies=("x",))

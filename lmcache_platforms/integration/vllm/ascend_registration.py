@@ -4,8 +4,9 @@ vllm-ascend (0.23.x) registers that name in its ``vllm.general_plugins`` entry p
 (``vllm_ascend:register_connector``) as upstream's single-group ``LMCacheConnectorV1`` behind
 ``import lmcache_ascend``. vLLM's factory raises on a duplicate name and vLLM does not catch errors of a
 general plugin, so whichever of the two plugins runs second must not simply register: if vllm-ascend ran
-first we replace its entry; if we run first we register ours and make the factory keep it when vllm-ascend's
-registration arrives (every other name it registers is untouched). No source patch is needed.
+first we replace its entry; if we run first we register ours, and the factory keeps it when vllm-ascend's
+registration arrives thanks to ``guard_register_connector`` (a wrapper declared in the patch catalog; every
+other name it registers is untouched). No source patch is needed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ logger = init_logger(__name__)
 ASCEND_CONNECTOR_NAME = "LMCacheAscendConnector"
 CONNECTOR_TARGET = ("lmcache_platforms.integration.vllm.connector", "LMCachePlatformsConnector")
 _OURS = "_lmcache_platforms_target"
-_GUARD = "_lmcache_platforms_guard"
 
 
 def vllm_ascend_installed() -> bool:
@@ -32,24 +32,20 @@ def _is_ours(loader: Any) -> bool:
     return getattr(loader, _OURS, None) is not None
 
 
-def _guard_factory(factory: type) -> None:
-    """Make ``factory.register_connector`` keep our entry for ASCEND_CONNECTOR_NAME instead of raising."""
-    current = factory.__dict__["register_connector"]
-    if getattr(current.__func__, _GUARD, False):
-        return
-    original = current.__func__
+def guard_register_connector(original: classmethod) -> classmethod:
+    """Wrap ``KVConnectorFactory.register_connector`` (declared in the patch catalog) so that registering
+    ASCEND_CONNECTOR_NAME again keeps our entry instead of raising; every other name behaves as before."""
+    register = original.__func__
 
     def register_connector(cls: type, name: str, module_path: str, class_name: str) -> None:
         if name == ASCEND_CONNECTOR_NAME and _is_ours(cls._registry.get(name)):
             logger.info("%s stays lmcache_platforms' HMA connector; ignored its registration as %s:%s",
                         name, module_path, class_name)
             return
-        original(cls, name, module_path, class_name)
+        register(cls, name, module_path, class_name)
 
-    register_connector.__doc__ = original.__doc__
-    register_connector.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(register_connector, _GUARD, True)
-    factory.register_connector = classmethod(register_connector)
+    register_connector.__doc__ = register.__doc__
+    return classmethod(register_connector)
 
 
 def claim_ascend_connector_name(factory: type | None = None,
@@ -61,13 +57,12 @@ def claim_ascend_connector_name(factory: type | None = None,
     """
     if factory is None:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as factory
-    _guard_factory(factory)
     registry = factory._registry
     existing = registry.get(ASCEND_CONNECTOR_NAME)
     if existing is not None and getattr(existing, _OURS, None) == target:
         return "already registered"
     replaced = registry.pop(ASCEND_CONNECTOR_NAME, None) is not None
-    factory.register_connector.__func__.__wrapped__(factory, ASCEND_CONNECTOR_NAME, *target)
+    factory.register_connector(ASCEND_CONNECTOR_NAME, *target)
     setattr(registry[ASCEND_CONNECTOR_NAME], _OURS, target)
     outcome = "replaced vllm-ascend's entry" if replaced else "registered ahead of vllm-ascend"
     logger.info("%s -> %s:%s (%s)", ASCEND_CONNECTOR_NAME, *target, outcome)
