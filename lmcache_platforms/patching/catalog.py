@@ -5,6 +5,7 @@ from __future__ import annotations
 from lmcache_platforms.patching.patch import Patch
 
 LMCACHE = "lmcache==0.5.6"
+VLLM = "vllm>=0.23,<0.34"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -18,5 +19,14 @@ PATCHES: tuple[Patch, ...] = (
         requires=("vllm",),
         why="upstream's in-process impl tracks KV-cache group 0 only; ours tracks, saves and loads every group "
             "and reports degraded mode (vLLM's LMCacheConnectorV1 looks the name up in this module at init)",
+    ),
+    Patch(
+        target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
+        replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
+        versions=VLLM,
+        requires=("vllm", "vllm_ascend"),
+        wrapper=True,
+        why="vllm-ascend registers LMCacheAscendConnector from its own plugin; if ours ran first, vLLM would "
+            "raise on the duplicate name instead of keeping our HMA connector",
     ),
 )
