@@ -1,8 +1,10 @@
 """Byte-overlap checks for the planes of one layer: two planes writing the same byte corrupt each other.
 
-Exact within a window: addresses are enumerated only where two planes' spans meet (at most WINDOW bytes
-from where they start meeting), which catches every real mistake (a wrong hint, a wrong kv split, a
-K/V pair aliasing) without enumerating a multi-gigabyte pool.
+A plane whose strides nest (each one at least the extent of the smaller ones) cannot overlap itself, which
+settles real layouts without enumerating anything. Otherwise, and for two planes whose spans meet, byte
+addresses are enumerated in a window of a few blocks from where they start meeting: layouts repeat per
+block, so that catches every real mistake (a wrong hint, a wrong kv split, K and V aliasing) without
+enumerating a multi-gigabyte pool.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import torch
 from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.plane import Plane
 
-WINDOW = 1 << 22
+MIN_WINDOW = 1 << 16
+MAX_WINDOW = 1 << 22
 
 
 def _block_span(plane: Plane) -> int:
@@ -39,6 +42,28 @@ def _addresses(plane: Plane, lo: int, hi: int) -> torch.Tensor:
     return addr.reshape(-1)
 
 
+def _window(*planes: Plane) -> int:
+    blocks = max(p.geometry.block_stride + _block_span(p) for p in planes)
+    return min(MAX_WINDOW, max(MIN_WINDOW, 2 * blocks))
+
+
+def _strides_nest(plane: Plane) -> bool:
+    g = plane.geometry
+    dims = sorted(
+        [(g.segment_bytes, 1), (g.segments, g.segment_stride), (g.rows_per_block, g.row_stride),
+         (g.num_blocks, g.block_stride)],
+        key=lambda d: d[1],
+    )
+    extent = 0
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if stride <= extent:
+            return False
+        extent += (size - 1) * stride
+    return True
+
+
 def _start_end(plane: Plane) -> tuple[int, int]:
     return plane.offset, plane.offset + plane.geometry.span_bytes
 
@@ -51,8 +76,10 @@ def _same_allocation(a: Plane, b: Plane) -> bool:
 
 def check_plane(plane: Plane) -> None:
     """Raise LayoutError if two slots (or two bytes of one row) of ``plane`` share a byte."""
+    if _strides_nest(plane):
+        return
     start, end = _start_end(plane)
-    addr = _addresses(plane, start, min(end, start + WINDOW))
+    addr = _addresses(plane, start, min(end, start + _window(plane)))
     if addr.numel() != torch.unique(addr).numel():
         raise LayoutError(f"layer {plane.layer!r} plane {plane.name!r}: rows overlap themselves "
                           f"({plane.geometry})")
@@ -70,7 +97,7 @@ def check_layer(planes: Sequence[Plane]) -> None:
             lo, hi = max(a0, b0), min(a1, b1)
             if lo >= hi:
                 continue
-            hi = min(hi, lo + WINDOW)
+            hi = min(hi, lo + _window(a, b))
             if bool(torch.isin(_addresses(a, lo, hi), _addresses(b, lo, hi)).any()):
                 raise LayoutError(
                     f"layer {a.layer!r}: planes {a.name!r} and {b.name!r} overlap in memory"

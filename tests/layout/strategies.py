@@ -1,0 +1,97 @@
+"""Hypothesis strategies for random KV groups, layout specs and block tables (shared by every test folder)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+from lmcache_platforms.layout.groups import KVGroup
+from lmcache_platforms.layout.slots import rows_for_tokens
+from lmcache_platforms.layout.spec import LayerSpec, LayoutSpec, PlaneSpec
+
+DTYPES = ("int8", "uint8", "float16", "bfloat16", "float32")
+SPEC_NAMES = ("FullAttentionSpec", "SlidingWindowSpec", "MLAAttentionSpec", "MambaStateSpec")
+
+# dims in memory order; "h"/"d"/"c"/"e" are row dims (transposed K puts "d" before "bs")
+DIM_TEMPLATES = (
+    ("nb", "bs", "d"),
+    ("nb", "bs"),
+    ("nb", "kv", "bs", "h", "d"),
+    ("kv", "nb", "bs", "h", "d"),
+    ("nb", "h", "bs", "d"),
+    ("nb", "h", "kv", "bs", "d"),
+    ("nb", "c", "bs", "e"),
+    ("nb", "h", "d", "bs"),
+)
+
+
+@st.composite
+def kv_groups(draw, max_groups: int = 4, chunk_size: int | None = None) -> tuple[list[KVGroup], int]:
+    """(groups, chunk_size) obeying the layout rules: powers of two, so every block divides the largest."""
+    chunk = chunk_size or draw(st.sampled_from((8, 16, 32, 64)))
+    count = draw(st.integers(1, max_groups))
+    groups = []
+    for index in range(count):
+        cr = draw(st.sampled_from([c for c in (1, 2, 4, 8) if chunk % c == 0]))
+        window = draw(st.one_of(st.none(), st.integers(1, 3 * chunk // cr).map(lambda k, cr=cr: k * cr)))
+        name = draw(st.sampled_from(SPEC_NAMES))
+        groups.append(KVGroup(
+            index=index,
+            block_size=draw(st.sampled_from((1, 2, 4, 8, 16))),
+            tokens_per_row=cr,
+            sliding_window=window,
+            is_state=draw(st.booleans()) and index > 0,
+            spec_name=name,
+        ))
+    return groups, chunk
+
+
+@st.composite
+def block_table(
+    draw, group: KVGroup, num_tokens: int, num_blocks: int | None = None, null_fraction: bool = True
+) -> list[int]:
+    """Distinct non-null block ids (below ``num_blocks``) covering ``num_tokens``, some set to null block 0."""
+    needed = math.ceil(rows_for_tokens(num_tokens, group) / group.block_size)
+    num_blocks = num_blocks or needed + 8
+    ids = draw(st.permutations(range(1, num_blocks)))[:needed]
+    if null_fraction:
+        nulls = draw(st.lists(st.booleans(), min_size=needed, max_size=needed))
+        ids = [0 if null else b for b, null in zip(ids, nulls, strict=True)]
+    return list(ids)
+
+
+@st.composite
+def plane_specs(draw, group: int, block_size: int, num_blocks: int) -> PlaneSpec:
+    dims = draw(st.sampled_from(DIM_TEMPLATES))
+    sizes = {"nb": num_blocks + draw(st.integers(0, 2)), "bs": block_size, "kv": 2}
+    shape = tuple(sizes.get(d) or draw(st.integers(1, 5)) for d in dims)
+    return PlaneSpec(group, shape, dims, draw(st.sampled_from(DTYPES)))
+
+
+@st.composite
+def layout_specs(draw, max_groups: int = 3, max_layers: int = 3) -> LayoutSpec:
+    """A small random layout file (a few KiB of tensors) that passes every check."""
+    groups, chunk = draw(kv_groups(max_groups=max_groups))
+    num_tokens = draw(st.integers(1, 3 * chunk))
+    num_blocks = tuple(
+        math.ceil(rows_for_tokens(num_tokens, g) / g.block_size) + 1 + draw(st.integers(0, 2)) for g in groups
+    )
+    layers = []
+    for i in range(draw(st.integers(1, max_layers))):
+        planes = []
+        for j in range(draw(st.integers(1, 3))):
+            g = draw(st.sampled_from(groups))
+            plane = draw(plane_specs(g.index, g.block_size, num_blocks[g.index]))
+            planes.append(PlaneSpec(plane.group, plane.shape, plane.dims, plane.dtype, f"p{j}"))
+        layers.append(LayerSpec(f"model.layers.{i}", tuple(planes)))
+    return LayoutSpec(
+        name="random",
+        chunk_size=chunk,
+        num_tokens=num_tokens,
+        num_blocks=num_blocks,
+        groups=tuple(groups),
+        layers=tuple(layers),
+        shared_buffer=draw(st.booleans()),
+        block_padding_bytes=draw(st.sampled_from((0, 4, 12, 64))),
+    )

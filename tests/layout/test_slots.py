@@ -1,0 +1,142 @@
+"""Slot math against a brute-force per-token model of vLLM's block tables."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmcache_platforms.layout import LayoutError
+from lmcache_platforms.layout.groups import KVGroup
+from lmcache_platforms.layout.slots import (
+    chunk_rows,
+    chunk_slots,
+    physical_rows_per_chunk,
+    primary_group,
+    rows_for_tokens,
+    slot_mapping,
+)
+from tests.layout.strategies import block_table, kv_groups
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def brute_slot_of_row(group: KVGroup, ids: list[int], row: int) -> int:
+    """Token-level model: the row's first token decides its block; the null block has no storage."""
+    first_token = row * group.tokens_per_row
+    tokens_per_block = group.block_size * group.tokens_per_row
+    block = ids[first_token // tokens_per_block]
+    return -1 if block == 0 else block * group.block_size + row % group.block_size
+
+
+def brute_rows(group: KVGroup, num_tokens: int) -> list[int]:
+    return sorted({t // group.tokens_per_row for t in range(num_tokens)})
+
+
+def brute_chunk_rows(group: KVGroup, start: int, end: int) -> list[int]:
+    rows = sorted({t // group.tokens_per_row for t in range(start, end) if t % group.tokens_per_row == 0})
+    if group.sliding_window is not None:
+        rows = [r for r in rows if r * group.tokens_per_row >= end - group.sliding_window]
+    return rows
+
+
+@st.composite
+def group_and_table(draw):
+    groups, chunk = draw(kv_groups(max_groups=1))
+    group = groups[0]
+    num_tokens = draw(st.integers(1, 4 * chunk))
+    ids = draw(block_table(group, num_tokens))
+    return group, chunk, num_tokens, ids
+
+
+@SETTINGS
+@given(group_and_table(), st.booleans())
+def test_slot_mapping_matches_per_token_model(case, as_tensor):
+    group, _, num_tokens, ids = case
+    rows = brute_rows(group, num_tokens)
+    assert rows_for_tokens(num_tokens, group) == len(rows)
+    got = slot_mapping(group, torch.tensor(ids) if as_tensor else ids, len(rows))
+    assert got.dtype == torch.int64
+    assert got.tolist() == [brute_slot_of_row(group, ids, r) for r in rows]
+
+
+@SETTINGS
+@given(group_and_table())
+def test_chunk_slots_match_per_token_model(case):
+    group, chunk, num_tokens, ids = case
+    physical = physical_rows_per_chunk(group, chunk)
+    for start in range(0, num_tokens, chunk):
+        end = min(start + chunk, num_tokens)
+        rows = brute_chunk_rows(group, start, end)
+        first, count = chunk_rows(group, start, end, chunk)
+        assert list(range(first, first + count)) == rows
+        assert count <= physical
+        slots = chunk_slots(group, ids, start, end, chunk)
+        assert slots.tolist() == [brute_slot_of_row(group, ids, r) for r in rows] + [-1] * (physical - count)
+
+
+@SETTINGS
+@given(group_and_table())
+def test_stored_chunks_cover_the_window_at_every_chunk_end(case):
+    """Restoring chunks [0, e) brings back every row attention needs at position e (the window tail)."""
+    group, chunk, num_tokens, _ = case
+    stored: set[int] = set()
+    for start in range(0, num_tokens - num_tokens % chunk, chunk):
+        first, count = chunk_rows(group, start, start + chunk, chunk)
+        stored |= set(range(first, first + count))
+        end = start + chunk
+        window = end if group.sliding_window is None else min(end, group.sliding_window)
+        needed = {t // group.tokens_per_row for t in range(end - window, end)}
+        assert needed <= stored
+
+
+@pytest.mark.parametrize(
+    ("chunk", "cr", "window", "rows"),
+    [(64, 1, None, 64), (64, 4, None, 16), (64, 1, 32, 32), (64, 4, 32, 8), (64, 4, 512, 16), (256, 128, 128, 1)],
+)
+def test_physical_rows_per_chunk(chunk, cr, window, rows):
+    group = KVGroup(0, block_size=16, tokens_per_row=cr, sliding_window=window)
+    assert physical_rows_per_chunk(group, chunk) == rows
+
+
+def test_null_blocks_map_to_minus_one():
+    group = KVGroup(2, block_size=4)
+    assert slot_mapping(group, [0, 7], 6).tolist() == [-1, -1, -1, -1, 28, 29]
+
+
+def test_too_few_block_ids_names_the_group():
+    group = KVGroup(1, block_size=4, spec_name="SlidingWindowSpec")
+    with pytest.raises(LayoutError, match=r"group 1 \(SlidingWindowSpec\): row 8 needs 3 blocks .* only 2"):
+        slot_mapping(group, [3, 4], 9)
+
+
+@pytest.mark.parametrize(("start", "end"), [(1, 10), (0, 0), (0, 65), (-64, 0), (64, 32)])
+def test_bad_chunk_ranges_are_rejected(start, end):
+    with pytest.raises(LayoutError, match="is not a chunk of 64 tokens"):
+        chunk_rows(KVGroup(0, block_size=16), start, end, 64)
+
+
+def test_negative_block_id_is_rejected():
+    with pytest.raises(LayoutError, match="negative block id -3"):
+        slot_mapping(KVGroup(0, block_size=2), [1, -3], 4)
+
+
+@SETTINGS
+@given(kv_groups(max_groups=4), st.data())
+def test_primary_group_covers_most_tokens_lowest_index_on_ties(case, data):
+    groups, _ = case
+    tables = [list(range(1, 1 + data.draw(st.integers(0, 6)))) for _ in groups]
+    coverage = [len(tables[g.index]) * g.block_size * g.tokens_per_row for g in groups]
+    best = max(coverage)
+    assert primary_group(groups, tables).index == coverage.index(best)
+
+
+def test_primary_group_counts_tokens_not_rows():
+    plain = KVGroup(0, block_size=16)
+    compressed = KVGroup(1, block_size=16, tokens_per_row=4)
+    assert primary_group([plain, compressed], [[1, 2, 3], [4]]).index == 1
+    assert primary_group([plain, compressed], [[1, 2, 3, 4], [5]]).index == 0
+    assert primary_group([plain, compressed], [[1, 2, 3, 4, 5], [6]]).index == 0
+    with pytest.raises(LayoutError, match="no groups"):
+        primary_group([], [])
