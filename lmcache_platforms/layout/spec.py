@@ -205,7 +205,7 @@ def _parse(data: Any) -> LayoutSpec:
         layers=tuple(layers),
         shared_buffer=_bool(top.get("shared_buffer", False), "shared_buffer"),
         block_padding_bytes=_int(top.get("block_padding_bytes", 0), "block_padding_bytes", minimum=0),
-        description=top.get("description", "") and _str(top["description"], "description"),
+        description=_str(top["description"], "description") if "description" in top else "",
     )
     check_spec(spec)
     return spec
