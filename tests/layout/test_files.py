@@ -20,6 +20,7 @@ from lmcache_platforms.layout.files import (
     save_layout_spec,
 )
 from lmcache_platforms.layout.spec import LayoutSpec
+from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, planes_from_tensor
 from tests.layout.strategies import layout_specs
 
 BENCH = ("deepseek-v4", "llama8b")
@@ -163,3 +164,23 @@ def test_unreadable_and_unknown_files(tmp_path):
         load_layout_spec(bad)
     with pytest.raises(LayoutError, match="nonexistent: no such layout file or example \\(examples: ascend-310p-nz"):
         load_layout_spec("nonexistent")
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout_specs())
+def test_random_materialized_layouts_cover_their_tensors_exactly(spec):
+    tensors = materialize_tensors(spec, seed=5)
+    counts = coverage_counts(materialize(spec, seed=5))
+    assert all(int(c.max()) == 1 for c in counts.values())
+    assert sum(int(c.sum()) for c in counts.values()) == sum(
+        t.numel() * t.element_size() for ts in tensors.values() for t in ts)
+
+
+def test_vllm_cpu_example_matches_the_vllm_cpu_hint():
+    """The file's ("nb", "h", "kv", "bs", "d") pages are what vLLM's declared [nb, h, bs, 2d] tensor holds."""
+    spec = load_layout_spec("vllm-cpu")
+    page = materialize_tensors(spec)[spec.layers[0].name][0]
+    nb, h, _, bs, d = page.shape
+    declared = page.view(nb, h, bs, 2 * d)
+    assert planes_from_tensor("l", 0, declared, TensorLayout.VLLM_CPU) == planes_from_dims(
+        "l", 0, page, spec.layers[0].planes[0].dims)
