@@ -8,6 +8,7 @@ import json
 import pytest
 
 from lmcache_platforms.cli import plan
+from lmcache_platforms.cli.main import main
 from lmcache_platforms.layout.files import example_names, example_path
 
 
@@ -79,3 +80,12 @@ def test_malformed_files_exit_2_with_one_line(content, message, tmp_path, capsys
 def test_unknown_layout_name_exits_2(capsys):
     assert run_plan(["--layout", "no-such-model"]) == 2
     assert "no such layout file or example" in capsys.readouterr().err
+
+
+def test_through_the_console_script_entry(tmp_path, capsys):
+    assert main(["plan", "--layout", "llama8b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chunk_bytes"] == 256 * 32 * 2 * 8 * 128 * 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    assert main(["plan", "--layout", str(bad)]) == 2
+    assert capsys.readouterr().err == f"lmcache-platforms plan: {bad}: layout: expected an object, got list\n"
