@@ -43,7 +43,7 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from lmcache_platforms.demo.report import ok, render, summary
+    from lmcache_platforms.demo.report import problems, render, summary
     from lmcache_platforms.demo.runners import PassFailed, Resources
     from lmcache_platforms.demo.scenario import DemoOptions, run_demo
 
@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(render(demo))
     result = summary(demo)
+    found = problems(result)
+    for problem in found:
+        print(f"lmcache-platforms demo: {problem}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
-    return 0 if ok(result) else 1
+    return 1 if found else 0

@@ -71,6 +71,7 @@ def _log_tail(path: Path, lines: int = 25) -> str:
 
 
 _LOG_STAMP = re.compile(r"\[\d{4}-\d\d-\d\d ")  # another process's log line glued onto the error
+_LOG_PREFIX = re.compile(r"^.*?\d\d:\d\d:\d\d[,.]\d+\]\s*")  # "[date time] " of a log line
 
 
 def _last_error(path: Path) -> str:
@@ -83,6 +84,14 @@ def _last_error(path: Path) -> str:
         if ":" in text and head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
             return _LOG_STAMP.split(text, 1)[0].strip()
     return ""
+
+
+def log_warnings(path: Path, markers: tuple[str, ...] = ("DEGRADED MODE",)) -> list[str]:
+    """Lines of a pass's log that explain a run without hits (LMCache fell back to recomputing)."""
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return sorted({_LOG_PREFIX.sub("", line).strip() for line in lines if any(m in line for m in markers)})
 
 
 def _failure(what: str, log_path: Path) -> PassFailed:
@@ -158,7 +167,9 @@ class PassRunner:
                 relay.poll()
         if process.returncode != 0 or not out_path.exists():
             raise _failure(f"pass {label} failed (exit {process.returncode})", log_path)
-        return json.loads(out_path.read_text())
+        result = json.loads(out_path.read_text())
+        result["warnings"] = log_warnings(log_path)
+        return result
 
 
 def free_port() -> int:

@@ -56,7 +56,7 @@ class DemoRun:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
-def lmcache_yaml(chunk_size: int, store: Path, cpu_gib: float = 2.0) -> str:
+def lmcache_yaml(chunk_size: int, store: Path, cpu_gib: float = 1.0) -> str:
     """LMCache's config for our passes: local CPU cache in front of a persistent ``fs://`` store."""
     return (
         f"chunk_size: {chunk_size}\n"
