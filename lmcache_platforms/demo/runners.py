@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 Progress = Callable[[str], None]
+ENGINE_PASS_MODULE = "lmcache_platforms.demo.engine_pass"
 
 
 class PassFailed(RuntimeError):
@@ -138,8 +139,9 @@ class PassRunner:
     timeout_s: float = 600.0
     logs: list[Path] = field(default_factory=list)
 
-    def run(self, label: str, spec: dict[str, Any], extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-        """One engine pass: returns its result dict or raises PassFailed with the log's tail."""
+    def run(self, label: str, spec: dict[str, Any], extra_env: dict[str, str] | None = None,
+            module: str = ENGINE_PASS_MODULE) -> dict[str, Any]:
+        """One engine pass (``python -m module SPEC OUT``): its result dict, or PassFailed with the log's tail."""
         stem = self.workdir / label
         spec_path, out_path, log_path = (stem.with_suffix(s) for s in (".spec.json", ".out.json", ".log"))
         progress_path = stem.with_suffix(".progress")
@@ -151,7 +153,7 @@ class PassRunner:
         self.logs.append(log_path)
         with log_path.open("w") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "lmcache_platforms.demo.engine_pass", str(spec_path), str(out_path)],
+                [sys.executable, "-m", module, str(spec_path), str(out_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True, preexec_fn=self.resources.pin,
             )

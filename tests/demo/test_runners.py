@@ -1,0 +1,62 @@
+"""Pass processes: results and progress come back, failures name their error, nothing outlives a pass."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lmcache_platforms.demo.runners import PassFailed, PassRunner, Resources, base_env, free_port
+
+STUB = "tests.demo.stub_pass"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _runner(tmp_path: Path, messages: list[str], timeout_s: float = 60.0) -> PassRunner:
+    return PassRunner(tmp_path, Resources.available(), messages.append, timeout_s=timeout_s)
+
+
+def test_a_pass_returns_its_result_progress_and_log_warnings(tmp_path: Path) -> None:
+    messages: list[str] = []
+    result = _runner(tmp_path, messages).run("p1", {"behaviour": "ok"}, module=STUB)
+    assert result["requests"] == []
+    assert result["warnings"] == ["LMCache ERROR: LMCache is in DEGRADED MODE for the worker (test)"]
+    assert messages == ["  [p1] step one", "  [p1] step two"]
+
+
+def test_a_failed_pass_names_its_error_first(tmp_path: Path) -> None:
+    with pytest.raises(PassFailed) as failed:
+        _runner(tmp_path, []).run("p2", {"behaviour": "fail"}, module=STUB)
+    first = str(failed.value).splitlines()[0]
+    assert first == "pass p2 failed (exit 1): ValueError: Connector X does not support HMA but HMA is enabled."
+
+
+def test_a_pass_past_its_time_limit_is_killed_with_its_children(tmp_path: Path) -> None:
+    with pytest.raises(PassFailed, match="pass p3 ran past 3 s"):
+        _runner(tmp_path, [], timeout_s=3).run("p3", {"behaviour": "hang"}, module=STUB)
+    assert _processes_mentioning(str(tmp_path)) == []
+    assert _processes_mentioning("time.sleep(600)") == []
+
+
+def test_passes_get_one_process_per_engine_stable_hashing_and_explicit_cores() -> None:
+    env = base_env(Resources((0, 1), kv_cache_gib=2))
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["PYTHONHASHSEED"] == "0"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_free_ports_are_usable_tcp_ports() -> None:
+    assert 0 < free_port() < 65536
