@@ -42,6 +42,8 @@ class Activation:
     connectors: dict[str, Any] = field(default_factory=lambda: {"state": "waiting for vLLM", "names": []})
 
     def as_dict(self) -> dict[str, Any]:
+        from lmcache_platforms.integration.vllm.health import engine_health
+
         return {
             "activated": self.activated,
             "disabled": self.disabled,
@@ -49,6 +51,7 @@ class Activation:
             "error": self.error,
             "patches": self.registry.report() if self.registry else [],
             "connectors": dict(self.connectors),
+            "engines": engine_health(),
         }
 
 

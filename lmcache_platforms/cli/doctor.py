@@ -1,6 +1,7 @@
 """Report what is installed, which patches are applied, which kernel backends and platforms are usable.
 
-Exit 1, with the reason, when activation failed or an applicable patch failed."""
+Exit 1, with the reason, when activation failed, an applicable patch failed, or an LMCache engine of this
+process runs in upstream's silent "degraded mode" (``lmcache_platforms.status()`` carries the same)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def collect() -> dict[str, Any]:
         "patches": [{"target": p["target"], "applied": p["applied"], "detail": f"{p['state']}: {p['detail']}"}
                     for p in state["patches"]],
         "connectors": state["connectors"],
+        "engines": state["engines"],
     }
 
 
@@ -55,6 +57,8 @@ def problems(report: dict[str, Any]) -> list[str]:
     if report["error"]:
         found.append(f"activation failed: {report['error']}")
     found += [f"patch {p['target']}: {p['detail']}" for p in report["patches"] if p["detail"].startswith("failed")]
+    found += [f"LMCache engine of the {e['role']} is in degraded mode ({e['stage']}: {e['reason']})"
+              for e in report.get("engines", []) if e["degraded"]]
     if report["connectors"].get("state") == "failed":
         found.append(f"vLLM connector registration failed: {report['connectors'].get('detail')}")
     return found
@@ -70,6 +74,9 @@ def _print_table(report: dict[str, Any]) -> None:
     for p in report["patches"]:
         print(f"patch    {p['target']}  {p['detail']}")
     print(f"vLLM connectors: {report['connectors']}")
+    engines = report["engines"] or [{"role": "-", "stage": "-", "degraded": False, "reason": "none in this process"}]
+    for e in engines:
+        print(f"engine   {e['role']} {'DEGRADED' if e['degraded'] else 'ok'} {e['stage']} {e['reason']}")
 
 
 def run(args: argparse.Namespace) -> int:

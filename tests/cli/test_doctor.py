@@ -1,0 +1,52 @@
+"""`lmcache-platforms doctor` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from lmcache_platforms.cli import doctor
+
+VERSION_KEYS = {"python", "torch", "lmcache", "vllm", "vllm_ascend", "torch_npu", "ipex", "triton"}
+
+
+def _doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lmcache_platforms.cli.main", "doctor", *args],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+
+
+def test_json_report_has_the_documented_keys():
+    result = _doctor("--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["activated"] is True
+    assert report["platform"] == "cpu"
+    assert set(report["versions"]) == VERSION_KEYS
+    assert report["versions"]["lmcache"] == "0.5.6" and report["versions"]["torch_npu"] is None
+    backends = {b["name"]: b for b in report["kernel_backends"]}
+    assert backends["torch"]["available"] is True
+    assert all(set(b) == {"name", "available", "reason"} for b in report["kernel_backends"])
+    targets = [p["target"] for p in report["patches"]]
+    assert "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl" in targets
+    assert all(set(p) == {"target", "applied", "detail"} for p in report["patches"])
+
+
+def test_disabled_activation_is_reported_without_failing():
+    result = _doctor("--json", LMCACHE_PLATFORMS_DISABLE="1")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.returncode == 0
+    assert report["activated"] is False and report["disabled"] is True and report["patches"] == []
+
+
+def test_failed_patch_or_activation_error_means_exit_1():
+    report = {"error": None, "patches": [{"target": "a:b", "applied": False, "detail": "failed: ImportError: x"}],
+              "connectors": {"state": "registered"}}
+    assert doctor.problems(report) == ["patch a:b: failed: ImportError: x"]
+    report = {"error": "UnsupportedUpstreamVersion: installed lmcache 0.4.0 ...", "patches": [],
+              "connectors": {"state": "waiting for vLLM"}}
+    assert doctor.problems(report) == ["activation failed: UnsupportedUpstreamVersion: installed lmcache 0.4.0 ..."]
+    report = {"error": None, "patches": [], "connectors": {"state": "registered"},
+              "engines": [{"role": "worker", "stage": "init", "degraded": True, "reason": "No connector"}]}
+    assert doctor.problems(report) == ["LMCache engine of the worker is in degraded mode (init: No connector)"]
