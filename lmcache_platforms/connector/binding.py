@@ -1,0 +1,111 @@
+"""What a connector knows once the KV caches exist: the layout, its chunk formats, kernels and streams.
+
+Both connectors (paged and layerwise) exist from engine creation but only learn the layout when vLLM
+registers its KV caches, so everything layout-dependent lives here and is built by ``bind``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, Launch, layout_fingerprint
+from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
+from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
+from lmcache_platforms.kernels.registry import select_backend
+from lmcache_platforms.layout.kv_layout import KVLayout
+
+
+def layout_device(layout: KVLayout) -> torch.device:
+    """The one device every saved plane lives on."""
+    devices = {p.storage.device for tg in layout.transfer_groups for p in tg.planes if p.storage is not None}
+    if len(devices) > 1:
+        raise TransferError(f"the layout's planes live on several devices: {sorted(map(str, devices))}")
+    if any(p.storage is None for tg in layout.transfer_groups for p in tg.planes):
+        raise TransferError("the layout has planes without tensors (a plan, not KV caches)")
+    return devices.pop() if devices else torch.device("cpu")
+
+
+def memory_obj_bytes(memory_obj, fmt: ChunkFormat, start: int, end: int) -> torch.Tensor:
+    """The MemoryObj's bytes as a flat uint8 tensor, after checking they have this layout's size."""
+    tensor = memory_obj.tensor
+    if tensor is None:
+        raise TransferError(f"the MemoryObj of chunk [{start}, {end}) is invalidated")
+    flat = tensor.reshape(-1).view(torch.uint8)
+    if flat.numel() != fmt.nbytes:
+        raise TransferError(
+            f"the MemoryObj of chunk [{start}, {end}) holds {flat.numel()} bytes, this layout's chunks "
+            f"{fmt.nbytes} (shape {list(fmt.shape)}, {fmt.dtype}): it was stored with another layout"
+        )
+    return flat
+
+
+@dataclass
+class TransferCounters:
+    """What went through the connector (selftest and tests read it)."""
+
+    chunks_stored: int = 0
+    chunks_loaded: int = 0
+    launches: int = 0
+    backends: set[str] = field(default_factory=set)
+
+
+class LayoutBinding:
+    """Moves chunks between a bound layout's planes and MemoryObjs, one kernel call per launch."""
+
+    def __init__(self, layout: KVLayout, formats: Sequence[ChunkFormat], kernel_backend: str = "auto") -> None:
+        self.layout = layout
+        self.formats = tuple(formats)
+        self.device = layout_device(layout)
+        self.fingerprint = layout_fingerprint(self.formats)
+        self.streams = TransferStreams(platform_for(self.device))
+        self.scratch = {d: Scratch(self.device) for d in Direction} if self.device.type != "cpu" else {}
+        self._backends: dict[tuple, KernelBackend] = {}
+        for fmt in self.formats:
+            for launch in fmt.launches:
+                key = launch.planes
+                if key not in self._backends:
+                    self._backends[key] = select_backend(launch.planes, self.device, kernel_backend)
+        self.counters = TransferCounters()
+
+    @property
+    def backend_names(self) -> list[str]:
+        return sorted({b.name for b in self._backends.values()})
+
+    @property
+    def key_tags(self) -> dict[str, str]:
+        """``request_configs`` entries that put the layout into LMCache's keys (pass them to every call)."""
+        return {LAYOUT_TAG: self.fingerprint}
+
+    def _slots(self, launch: Launch, block_ids: Sequence[torch.Tensor], start: int, end: int) -> torch.Tensor:
+        slots = self.layout.chunk_slots(launch.tg, block_ids, start, end)
+        return slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True)
+
+    def store(self, fmt: ChunkFormat, host: torch.Tensor, block_ids: Sequence[torch.Tensor], start: int,
+              end: int) -> None:
+        """Planes -> ``host`` (the MemoryObj's bytes); call inside ``streams.storing()``."""
+        target = host if not self.scratch else self.scratch[Direction.STORE].get(fmt.payload_bytes)
+        for launch in fmt.launches:
+            backend = self._backends[launch.planes]
+            region = target[launch.offset : launch.offset + launch.nbytes]
+            backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.STORE)
+            self.counters.launches += 1
+            self.counters.backends.add(backend.name)
+        if target is not host:
+            host[: fmt.payload_bytes].copy_(target, non_blocking=True)
+
+    def load(self, fmt: ChunkFormat, host: torch.Tensor, block_ids: Sequence[torch.Tensor], start: int,
+             end: int) -> None:
+        """``host`` -> planes; call inside ``streams.loading()``."""
+        source = host
+        if self.scratch:
+            source = self.scratch[Direction.LOAD].get(fmt.payload_bytes)
+            source.copy_(host[: fmt.payload_bytes], non_blocking=True)
+        for launch in fmt.launches:
+            backend = self._backends[launch.planes]
+            region = source[launch.offset : launch.offset + launch.nbytes]
+            backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.LOAD)
+            self.counters.launches += 1
+            self.counters.backends.add(backend.name)

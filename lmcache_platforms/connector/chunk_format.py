@@ -1,0 +1,133 @@
+"""Where each kernel launch's bytes live inside one LMCache MemoryObj.
+
+A chunk's MemoryObj is ONE tensor (not one per transfer group): LMCache 0.5.6's local disk backend keeps
+only the first shape/dtype of a multi-tensor object (``.tensor`` even raises for one), so a multi-tensor
+chunk could not be written to disk. Every launch owns a byte range of that tensor instead; all groups of a
+chunk live and die together under one key, so a hit is all-or-nothing across groups.
+
+The byte count is padded to a multiple of ``chunk_size`` elements because LMCache's remote connectors
+assert that a full chunk divides into whole "tokens"; the padding is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lmcache_platforms.kernels.contract import buffer_bytes
+from lmcache_platforms.layout.kv_layout import KVLayout, TransferGroup
+from lmcache_platforms.layout.plane import Plane
+
+LAYOUT_TAG = "lmcache.tag.lmcp_layout"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel call: ``planes`` (all or part of transfer group ``tg``) <-> ``[offset, offset + nbytes)``."""
+
+    tg: TransferGroup
+    planes: tuple[Plane, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ChunkFormat:
+    """The MemoryObj of one chunk (or one layerwise step of a chunk): its shape, dtype and launches."""
+
+    launches: tuple[Launch, ...]
+    shape: torch.Size
+    dtype: torch.dtype
+    fingerprint: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the MemoryObj, padding included."""
+        return self.shape.numel() * self.dtype.itemsize
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes the launches fill (the rest is padding)."""
+        return sum(launch.nbytes for launch in self.launches)
+
+
+def _launches(units: Sequence[tuple[TransferGroup, tuple[Plane, ...]]]) -> tuple[Launch, ...]:
+    out, offset = [], 0
+    for tg, planes in units:
+        nbytes = buffer_bytes(planes, tg.rows_per_chunk)
+        out.append(Launch(tg, planes, offset, nbytes))
+        offset += nbytes
+    return tuple(out)
+
+
+def _fingerprint(chunk_size: int, launches: Sequence[Launch]) -> str:
+    """Changes whenever the byte order of a chunk would, so differently laid-out chunks never share a key."""
+    digest = hashlib.sha256(str(chunk_size).encode())
+    for launch in launches:
+        digest.update(f"|{launch.tg.group}:{launch.tg.rows_per_chunk}:{launch.offset}".encode())
+        for p in launch.planes:
+            digest.update(f";{p.layer}/{p.name}:{p.row_bytes}:{p.dtype}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _padded_elements(nbytes: int, chunk_size: int, dtype: torch.dtype) -> int:
+    unit = chunk_size * dtype.itemsize
+    return -(-max(nbytes, 1) // unit) * chunk_size
+
+
+def paged_format(layout: KVLayout) -> ChunkFormat:
+    """Every transfer group of the layout in one uint8 ``[1, 1, chunk_size, n]`` tensor.
+
+    The shape reads as LMCache's KV_2LTD (token dimension 2) so its helpers count ``chunk_size`` tokens.
+    """
+    launches = _launches([(tg, tg.planes) for tg in layout.transfer_groups])
+    total = sum(launch.nbytes for launch in launches)
+    elements = _padded_elements(total, layout.chunk_size, torch.uint8)
+    shape = torch.Size([1, 1, layout.chunk_size, elements // layout.chunk_size])
+    return ChunkFormat(launches, shape, torch.uint8, _fingerprint(layout.chunk_size, launches))
+
+
+def split_layers(names: Sequence[str], steps: int) -> list[tuple[str, ...]]:
+    """``names`` in order, cut into ``steps`` contiguous non-empty runs of near-equal length."""
+    if not 0 < steps <= len(names):
+        raise ValueError(f"cannot split {len(names)} layers into {steps} layerwise steps")
+    base, extra = divmod(len(names), steps)
+    out, start = [], 0
+    for step in range(steps):
+        stop = start + base + (step < extra)
+        out.append(tuple(names[start:stop]))
+        start = stop
+    return out
+
+
+def step_formats(layout: KVLayout, steps: int, dtype: torch.dtype) -> list[ChunkFormat]:
+    """One format per layerwise step; all share one shape ``[chunk_size, 1, n]`` of ``dtype``.
+
+    LMCache allocates every layer's object with the same shape and the model dtype, so each step is padded
+    to the largest. A step covers a contiguous run of the layout's layers (all their planes).
+    """
+    parts = split_layers([entry.name for entry in layout.layers], steps)
+    owner = {p: i for i, names in enumerate(parts) for entry in layout.layers if entry.name in names
+             for p in entry.planes}
+    per_step = []
+    for step in range(steps):
+        units = []
+        for tg in layout.transfer_groups:
+            planes = tuple(p for p in tg.planes if owner.get(p) == step)
+            if planes:
+                units.append((tg, planes))
+        per_step.append(_launches(units))
+    widest = max(sum(launch.nbytes for launch in launches) for launches in per_step)
+    elements = _padded_elements(widest, layout.chunk_size, dtype)
+    shape = torch.Size([layout.chunk_size, 1, elements // layout.chunk_size])
+    return [ChunkFormat(launches, shape, dtype, _fingerprint(layout.chunk_size, launches))
+            for launches in per_step]
+
+
+def layout_fingerprint(formats: Sequence[ChunkFormat]) -> str:
+    """One short id for a list of formats (the layerwise steps, or the single paged format)."""
+    digest = hashlib.sha256("".join(f.fingerprint for f in formats).encode())
+    return digest.hexdigest()[:16]

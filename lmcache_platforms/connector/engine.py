@@ -1,0 +1,138 @@
+"""A real ``LMCacheEngine`` driving our connector over a bound layout, outside vLLM (selftest, tests).
+
+This is the same path vLLM takes (the engine allocates MemoryObjs from the metadata, then calls the
+connector), minus the scheduler: callers pass tokens and per-group block ids themselves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmcache_platforms.layout.kv_layout import KVLayout
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """Which LMCache storage backends the engine gets (sizes in GiB, as LMCache's config takes them)."""
+
+    local_cpu: bool = True
+    max_local_cpu_size: float = 0.5
+    local_disk: str | None = None
+    max_local_disk_size: float = 0.0
+    remote_url: str | None = None
+
+
+def engine_config(chunk_size: int, storage: StorageOptions, *, layerwise: bool = False,
+                  save_unfull_chunk: bool = False) -> Any:
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    disk = storage.local_disk
+    return LMCacheEngineConfig.from_defaults(
+        chunk_size=chunk_size,
+        local_cpu=storage.local_cpu,
+        max_local_cpu_size=storage.max_local_cpu_size,
+        local_disk=None if disk is None else (disk if disk.endswith("/") else disk + "/"),
+        max_local_disk_size=storage.max_local_disk_size,
+        remote_url=storage.remote_url,
+        remote_serde="naive",
+        use_layerwise=layerwise,
+        save_unfull_chunk=save_unfull_chunk,
+    )
+
+
+def engine_metadata(layout: KVLayout, model_name: str, num_layers: int) -> Any:
+    """Metadata as vLLM's adapter would build it; ``num_layers`` is what the engine splits layerwise keys by."""
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    return LMCacheMetadata(
+        model_name=model_name, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+        kv_dtype=torch.uint8, kv_shape=(num_layers, 2, layout.chunk_size, 1, 1), chunk_size=layout.chunk_size,
+    )
+
+
+_ids = itertools.count()
+
+
+class LayoutEngine:
+    """An LMCacheEngine whose connector is bound to ``layout``; ``close`` destroys it (use ``with``)."""
+
+    def __init__(self, layout: KVLayout, storage: StorageOptions, *, kernel_backend: str = "auto",
+                 layerwise: bool = False, model_name: str = "lmcache-platforms-selftest") -> None:
+        os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
+        from lmcache_platforms.connector.paged import LayoutGPUConnector
+
+        self.layout = layout
+        self.layerwise = layerwise
+        self.metadata = engine_metadata(layout, model_name, len(layout.layers))
+        config = engine_config(layout.chunk_size, storage, layerwise=layerwise,
+                               save_unfull_chunk=not layout.multi_group)
+        connector_class = LayerwiseLayoutGPUConnector if layerwise else LayoutGPUConnector
+        self.connector = connector_class(self.metadata, kernel_backend)
+        self.connector.bind(layout)
+        self.instance_id = f"lmcache-platforms-{os.getpid()}-{next(_ids)}"
+        self.engine = LMCacheEngineBuilder.get_or_create(self.instance_id, config, self.metadata,
+                                                         self.connector, None, None)
+        self.engine.post_init()
+
+    @property
+    def tags(self) -> dict[str, str]:
+        assert self.connector.binding is not None
+        return self.connector.binding.key_tags
+
+    def store(self, tokens: list[int], block_ids: list[torch.Tensor]) -> None:
+        kwargs = {"block_ids": block_ids, "request_configs": self.tags}
+        if self.layerwise:
+            for _ in self.engine.store_layer(torch.tensor(tokens), sync=True, **kwargs):
+                pass
+        else:
+            self.engine.store(torch.tensor(tokens), **kwargs)
+
+    def lookup(self, tokens: list[int], search_range: list[str] | None = None) -> int:
+        return self.engine.lookup(torch.tensor(tokens), search_range=search_range, request_configs=self.tags)
+
+    def wait_stored(self, tokens: list[int], expected: int, timeout: float = 30.0) -> int:
+        """Poll ``lookup`` until ``expected`` tokens are findable (disk and remote puts are asynchronous)."""
+        deadline = time.monotonic() + timeout
+        found = self.lookup(tokens)
+        while found < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            found = self.lookup(tokens)
+        return found
+
+    def retrieve(self, tokens: list[int], block_ids: list[torch.Tensor]) -> int:
+        """Look up (pinning), load what hits into the planes, unpin; the number of tokens loaded."""
+        request_id = f"req-{uuid.uuid4().hex[:8]}"
+        # retrieve_layer releases its own pins; pinning at lookup as well would unpin twice.
+        self.engine.lookup(torch.tensor(tokens), lookup_id=request_id, pin=not self.layerwise,
+                           request_configs=self.tags)
+        kwargs = {"block_ids": block_ids, "request_configs": self.tags, "req_id": request_id}
+        try:
+            if self.layerwise:
+                # The generator's last value is the hit mask; the ones before are progress markers.
+                *_, mask = self.engine.retrieve_layer(torch.tensor(tokens), sync=True, **kwargs)
+            else:
+                mask = self.engine.retrieve(torch.tensor(tokens), **kwargs)
+        finally:
+            self.engine.lookup_unpin(request_id)
+        return int(mask.sum())
+
+    def close(self) -> None:
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        LMCacheEngineBuilder.destroy(self.instance_id)
+
+    def __enter__(self) -> LayoutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,112 @@
+"""Layerwise LMCache connector over a KVLayout (``use_layerwise``), following upstream's generator protocol.
+
+LMCache splits every chunk into ``metadata.kv_shape[0]`` per-layer keys and drives the connector one
+"layer" at a time. Here a layer step is a contiguous run of the layout's layers (all their planes), so any
+layout maps onto the engine's layer count; each step's MemoryObj holds that run's rows of every transfer
+group, padded to the widest step because LMCache gives every layer object the same shape and dtype.
+
+Store: ``batched_from_gpu(memory_objs[step][chunk], starts, ends, **kw)`` yields after queueing each step
+and synchronizes that step on the next resume, before LMCache puts its objects; one extra final yield.
+Load: ``batched_to_gpu(starts, ends, **kw)`` is primed with ``next``, then receives each step's objects with
+``send``; a final ``next`` waits for the last step. Kwargs as in ``connector.request`` (``block_ids``,
+``sync``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemLayerwiseGPUConnector
+
+from lmcache_platforms.connector.binding import LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.chunk_format import ChunkFormat, step_formats
+from lmcache_platforms.connector.chunk_metadata import describe_chunks
+from lmcache_platforms.connector.request import block_ids_from, check_chunk
+from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
+
+
+class LayerwiseLayoutGPUConnector(VLLMPagedMemLayerwiseGPUConnector):
+    """Layerwise connector; it subclasses upstream's only because LMCacheEngine admits layerwise connectors
+    by ``isinstance`` (``assert_layerwise_gpu_connector``). None of the parent's code or state is used."""
+
+    def __init__(self, metadata: Any, kernel_backend: str = "auto") -> None:
+        self.metadata = metadata
+        self.kernel_backend = kernel_backend
+        self.num_layers = int(metadata.kv_shape[0])
+        self.binding: LayoutBinding | None = None
+        self.formats: list[ChunkFormat] = []
+        self.kvcaches = None
+
+    def bind(self, layout: KVLayout) -> None:
+        """Attach the layout, cut into ``num_layers`` steps (the engine's layer count)."""
+        if len(layout.layers) < self.num_layers:
+            raise TransferError(f"the engine splits chunks into {self.num_layers} layers but the layout has "
+                                f"only {len(layout.layers)}; set kv_shape[0] to at most that")
+        self.formats = step_formats(layout, self.num_layers, self.metadata.kv_dtype)
+        self.binding = LayoutBinding(layout, self.formats, self.kernel_backend)
+        describe_chunks(self.metadata, self.formats[0])
+        logger.info("bound layout layerwise: %d steps of %d bytes, kernels %s, key tag %s", self.num_layers,
+                    self.formats[0].nbytes, ",".join(self.binding.backend_names), self.binding.fingerprint)
+
+    @property
+    def store_stream(self) -> Any:
+        return self.binding.streams.store_stream if self.binding is not None else None
+
+    @property
+    def load_stream(self) -> Any:
+        return self.binding.streams.load_stream if self.binding is not None else None
+
+    def _bound(self) -> LayoutBinding:
+        if self.binding is None:
+            raise TransferError("no KV layout is bound to the layerwise connector yet: call bind(layout) when "
+                                "the KV caches are registered, before the first store or retrieve")
+        return self.binding
+
+    def get_shape(self, num_tokens: int) -> torch.Size:
+        self._bound()
+        return self.formats[0].shape
+
+    def to_gpu(self, memory_obj, start: int, end: int, **kwargs) -> None:
+        raise NotImplementedError("the layerwise connector only moves chunks through batched_to_gpu")
+
+    def from_gpu(self, memory_obj, start: int, end: int, **kwargs) -> None:
+        raise NotImplementedError("the layerwise connector only moves chunks through batched_from_gpu")
+
+    def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
+        """Generator: store step by step (see the module docstring for the yields)."""
+        binding = self._bound()
+        block_ids = block_ids_from(kwargs, binding.layout)
+        for start, end in zip(starts, ends, strict=True):
+            check_chunk(binding.layout, start, end)
+        for step, fmt in enumerate(self.formats):
+            hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs[step], starts, ends, strict=True)]
+            with binding.streams.storing():
+                for host, start, end in zip(hosts, starts, ends, strict=True):
+                    binding.store(fmt, host, block_ids, start, end)
+            yield
+            binding.streams.finish_store()
+        binding.counters.chunks_stored += len(starts)
+        yield
+
+    def batched_to_gpu(self, starts, ends=None, **kwargs):
+        """Generator: load step by step; each step's MemoryObjs arrive through ``send``."""
+        binding = self._bound()
+        block_ids = block_ids_from(kwargs, binding.layout)
+        sync = bool(kwargs.get("sync", True))
+        for step, fmt in enumerate(self.formats):
+            memory_objs = yield
+            if sync and step:
+                binding.streams.mark_loaded()
+            hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+            with binding.streams.loading():
+                for host, start, end in zip(hosts, starts, ends, strict=True):
+                    binding.load(fmt, host, block_ids, start, end)
+        yield
+        binding.streams.finish_load()
+        binding.counters.chunks_loaded += len(starts)
+        yield

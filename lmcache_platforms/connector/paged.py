@@ -1,0 +1,101 @@
+"""LMCache GPU connector for any KV layout: every transfer group of a chunk in one MemoryObj.
+
+Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``); rows per chunk
+come from the layout (sliding-window tails, compressed rows), never from the token count. The kwargs it
+reads are documented in ``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when
+the KV caches are registered, which must happen before the engine's ``post_init`` and the first store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+
+from lmcache_platforms.connector.binding import LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
+from lmcache_platforms.connector.chunk_metadata import describe_chunks
+from lmcache_platforms.connector.request import block_ids_from, check_chunk
+from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
+
+
+class LayoutGPUConnector(GPUConnectorInterface):
+    """Paged (non-layerwise) connector over a KVLayout and the kernel backends the registry picks."""
+
+    def __init__(self, metadata: Any = None, kernel_backend: str = "auto") -> None:
+        self.metadata = metadata
+        self.kernel_backend = kernel_backend
+        self.binding: LayoutBinding | None = None
+        self.fmt: ChunkFormat | None = None
+        self.kvcaches = None
+
+    def bind(self, layout: KVLayout) -> None:
+        """Attach the KV caches' layout: chunk format, kernels, streams; teach the metadata our chunk shape."""
+        fmt = paged_format(layout)
+        self.binding = LayoutBinding(layout, [fmt], self.kernel_backend)
+        self.fmt = fmt
+        if self.metadata is not None:
+            describe_chunks(self.metadata, fmt)
+        logger.info(
+            "bound layout: %d transfer groups, %d bytes per chunk (%s mode), kernels %s, key tag %s",
+            len(layout.transfer_groups), fmt.payload_bytes, layout.mode, ",".join(self.binding.backend_names),
+            self.binding.fingerprint,
+        )
+
+    @property
+    def store_stream(self) -> Any:
+        """The device stream stores run on (None on CPU or before ``bind``)."""
+        return self.binding.streams.store_stream if self.binding is not None else None
+
+    @property
+    def load_stream(self) -> Any:
+        """The device stream loads run on (None on CPU or before ``bind``)."""
+        return self.binding.streams.load_stream if self.binding is not None else None
+
+    def _bound(self) -> LayoutBinding:
+        if self.binding is None:
+            raise TransferError("no KV layout is bound to the connector yet: call bind(layout) when the KV "
+                                "caches are registered, before the first store or retrieve")
+        return self.binding
+
+    def get_shape(self, num_tokens: int) -> torch.Size:
+        self._bound()
+        assert self.fmt is not None
+        return self.fmt.shape
+
+    def from_gpu(self, memory_obj, start: int, end: int, **kwargs) -> None:
+        self.batched_from_gpu([memory_obj], [start], [end], **kwargs)
+
+    def to_gpu(self, memory_obj, start: int, end: int, **kwargs) -> None:
+        self.batched_to_gpu([memory_obj], [start], [end], **kwargs)
+
+    def batched_from_gpu(self, memory_objs, starts, ends, **kwargs) -> None:
+        """KV caches -> MemoryObjs, one chunk per object; returns once the bytes are in host memory."""
+        binding = self._bound()
+        assert self.fmt is not None
+        block_ids = block_ids_from(kwargs, binding.layout)
+        for start, end in zip(starts, ends, strict=True):
+            check_chunk(binding.layout, start, end)
+        hosts = [memory_obj_bytes(m, self.fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+        with binding.streams.storing():
+            for host, start, end in zip(hosts, starts, ends, strict=True):
+                binding.store(self.fmt, host, block_ids, start, end)
+        binding.streams.finish_store()
+        binding.counters.chunks_stored += len(hosts)
+
+    def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs) -> None:
+        """MemoryObjs -> KV caches; returns once the compute stream will see the rows."""
+        binding = self._bound()
+        assert self.fmt is not None
+        block_ids = block_ids_from(kwargs, binding.layout)
+        hosts = [memory_obj_bytes(m, self.fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+        with binding.streams.loading():
+            for host, start, end in zip(hosts, starts, ends, strict=True):
+                binding.load(self.fmt, host, block_ids, start, end)
+        binding.streams.finish_load()
+        binding.counters.chunks_loaded += len(hosts)

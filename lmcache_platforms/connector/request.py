@@ -1,0 +1,58 @@
+"""The keyword arguments our connectors read from ``LMCacheEngine.store/retrieve/store_layer/retrieve_layer``.
+
+LMCache passes unknown keyword arguments through to the GPU connector untouched, so the per-group block
+tables travel as one kwarg and the engine needs no change:
+
+``block_ids``: a sequence indexed by KV-cache group index (``KVGroup.index``, vLLM's group order), each the
+    request's block table for that group from token 0 (python ints or an int64 tensor), exactly as vLLM's
+    scheduler hands them out. Block id 0 is the null block: its rows are never read or written. A caller
+    that must not overwrite blocks it already holds (vLLM's prefix cache) passes 0 for them.
+``sync`` (layerwise only, as upstream): whether the compute stream waits for each layer.
+
+Upstream's ``slot_mapping``/``kvcaches`` kwargs are ignored: the planes come from the bound KVLayout and the
+slots are computed per chunk from ``block_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.layout.kv_layout import KVLayout
+
+BLOCK_IDS = "block_ids"
+
+
+def block_ids_from(kwargs: Mapping[str, Any], layout: KVLayout) -> list[torch.Tensor]:
+    """The ``block_ids`` kwarg as one CPU int64 tensor per group index; TransferError when unusable."""
+    if BLOCK_IDS not in kwargs:
+        raise TransferError(
+            f"lmcache_platforms connector needs the kwarg {BLOCK_IDS}=(ids of group 0, ids of group 1, ...); "
+            f"got only {sorted(kwargs)}"
+        )
+    raw = kwargs[BLOCK_IDS]
+    if isinstance(raw, torch.Tensor) or not isinstance(raw, Sequence):
+        raise TransferError(f"{BLOCK_IDS} must be a sequence with one block list per group, got {type(raw).__name__}")
+    needed = max((tg.group for tg in layout.transfer_groups), default=-1) + 1
+    if len(raw) < needed:
+        raise TransferError(f"{BLOCK_IDS} has {len(raw)} block lists; the layout saves group {needed - 1}")
+    out = []
+    for index, ids in enumerate(raw):
+        tensor = ids if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.int64)
+        out.append(tensor.detach().to("cpu", torch.int64).reshape(-1))
+        if out[-1].numel() and int(out[-1].min()) < 0:
+            raise TransferError(f"{BLOCK_IDS}[{index}] holds negative block id {int(out[-1].min())}")
+    return out
+
+
+def check_chunk(layout: KVLayout, start: int, end: int) -> None:
+    """Refuse a partial chunk when several groups are saved: their rows would not cover the same tokens."""
+    if layout.multi_group and end - start != layout.chunk_size:
+        raise TransferError(
+            f"chunk [{start}, {end}) is partial but the layout saves groups "
+            f"{sorted({tg.group for tg in layout.transfer_groups})}: only whole chunks of "
+            f"{layout.chunk_size} tokens may be stored (keep save_unfull_chunk off)"
+        )

@@ -1,0 +1,72 @@
+"""Store and load each run on their own stream of the platform, so offloading overlaps the forward pass.
+
+On CPU the platform has no streams and everything here is a no-op: transfers run synchronously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from lmcache_platforms.platforms.base import Platform
+from lmcache_platforms.platforms.detect import PLATFORM_NAMES, load_platform
+
+
+def platform_for(device: torch.device) -> Platform:
+    """The platform owning ``device``'s memory (the plain CPU one for cpu and unknown device types)."""
+    return load_platform(device.type if device.type in PLATFORM_NAMES else "cpu")
+
+
+class TransferStreams:
+    """One stream per direction; stores wait for the forward's writes, loads finish before returning."""
+
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+        self.store_stream = platform.new_stream()
+        self.load_stream = platform.new_stream()
+
+    @contextlib.contextmanager
+    def storing(self) -> Iterator[None]:
+        """Run the body on the store stream, after everything the compute stream has queued so far."""
+        if self.store_stream is not None:
+            self.store_stream.wait_stream(self.platform.current_stream())
+        with self.platform.stream_context(self.store_stream):
+            yield
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        with self.platform.stream_context(self.load_stream):
+            yield
+
+    def finish_store(self) -> None:
+        """Block until stored bytes are in host memory: LMCache hands the MemoryObjs to storage next."""
+        if self.store_stream is not None:
+            self.store_stream.synchronize()
+
+    def mark_loaded(self) -> None:
+        """Make the compute stream wait for what the load stream queued (one layer, or everything)."""
+        if self.load_stream is not None:
+            event = self.platform.new_event()
+            event.record(self.load_stream)
+            self.platform.current_stream().wait_event(event)
+
+    def finish_load(self) -> None:
+        """Block until loads are done: LMCache frees or reuses the source MemoryObjs right after."""
+        if self.load_stream is not None:
+            self.mark_loaded()
+            self.load_stream.synchronize()
+
+
+class Scratch:
+    """A device buffer reused by ONE direction; store and load each own one, so they can never race."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffer: torch.Tensor | None = None
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        if self._buffer is None or self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._buffer[:nbytes]
