@@ -154,7 +154,9 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     result = run_pass(spec, Progress(spec.get("progress_file")))
-    Path(argv[1]).write_text(json.dumps(result))
+    out, partial = Path(argv[1]), Path(argv[1] + ".partial")
+    partial.write_text(json.dumps(result))
+    partial.replace(out)  # the runner treats the file's appearance as "finished": it must appear whole
     return 0
 
 

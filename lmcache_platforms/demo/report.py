@@ -43,6 +43,8 @@ def summary(run: DemoRun) -> dict[str, Any]:
         "warm_over_cold": warm_ttft / cold_ttft if cold_ttft else None,
         "cores": list(run.options.resources.cores),
         "lmcache_degraded": any("DEGRADED MODE" in w for p in (cold, warm) for w in p.get("warnings", [])),
+        "clean_exit": not any("hung at exit" in w for o in run.outcomes.values() for p in o.passes.values()
+                              for w in p.get("warnings", [])),
     }
     if run.options.compare:
         none, server = run.outcomes.get("none"), run.outcomes.get("server")

@@ -137,6 +137,7 @@ class PassRunner:
     resources: Resources
     progress: Progress
     timeout_s: float = 600.0
+    exit_grace_s: float = 30.0
     logs: list[Path] = field(default_factory=list)
 
     def run(self, label: str, spec: dict[str, Any], extra_env: dict[str, str] | None = None,
@@ -157,21 +158,35 @@ class PassRunner:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True, preexec_fn=self.resources.pin,
             )
-            deadline = time.monotonic() + self.timeout_s
-            try:
-                while process.poll() is None:
-                    relay.poll()
-                    if time.monotonic() > deadline:
-                        raise _failure(f"pass {label} ran past {self.timeout_s:.0f} s", log_path)
-                    time.sleep(0.2)
-            finally:
-                _kill_group(process)
-                relay.poll()
-        if process.returncode != 0 or not out_path.exists():
+            hung = self._wait(process, out_path, log_path, label, relay)
+        if not hung and (process.returncode != 0 or not out_path.exists()):
             raise _failure(f"pass {label} failed (exit {process.returncode})", log_path)
         result = json.loads(out_path.read_text())
         result["warnings"] = log_warnings(log_path)
+        if hung:
+            result["warnings"].append(f"pass {label} had written its results but did not exit within "
+                                      f"{self.exit_grace_s:.0f} s (hung at exit); it was killed")
         return result
+
+    def _wait(self, process: subprocess.Popen, out_path: Path, log_path: Path, label: str, relay: _Relay) -> bool:
+        """Wait for the pass; True when it wrote its results but then hung at exit and had to be killed."""
+        deadline = time.monotonic() + self.timeout_s
+        finished_at: float | None = None
+        try:
+            while process.poll() is None:
+                relay.poll()
+                now = time.monotonic()
+                if finished_at is None and out_path.exists():
+                    finished_at = now
+                if finished_at is not None and now - finished_at > self.exit_grace_s:
+                    return True
+                if now > deadline:
+                    raise _failure(f"pass {label} ran past {self.timeout_s:.0f} s", log_path)
+                time.sleep(0.2)
+            return False
+        finally:
+            _kill_group(process)
+            relay.poll()
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
 """A stand-in for an engine pass, to test process handling without vLLM: ``spec['behaviour']`` picks
-what it does: write a result, fail with an error, or start a grandchild and hang."""
+what it does: write a result, fail with an error, write a result and hang, or start a grandchild and hang."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def main(argv: list[str]) -> int:
         Path(argv[1]).write_text(json.dumps({"requests": []}))
         print("LMCache ERROR: LMCache is in DEGRADED MODE for the worker (test)")
         return 0
+    if behaviour == "hang_at_exit":
+        Path(argv[1]).write_text(json.dumps({"requests": []}))
+        time.sleep(600)
     if behaviour == "fail":
         raise ValueError("Connector X does not support HMA but HMA is enabled.")
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

@@ -50,6 +50,16 @@ def test_a_pass_past_its_time_limit_is_killed_with_its_children(tmp_path: Path) 
     assert _processes_mentioning("time.sleep(600)") == []
 
 
+def test_a_pass_that_hangs_after_its_results_is_killed_and_reported(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, [])
+    runner.exit_grace_s = 1.0
+    result = runner.run("p4", {"behaviour": "hang_at_exit"}, module=STUB)
+    assert result["warnings"] == [
+        "pass p4 had written its results but did not exit within 1 s (hung at exit); it was killed"
+    ]
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
 def test_passes_get_one_process_per_engine_stable_hashing_and_explicit_cores() -> None:
     env = base_env(Resources((0, 1), kv_cache_gib=2))
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
