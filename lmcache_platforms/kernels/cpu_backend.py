@@ -77,19 +77,21 @@ class CpuBackend(KernelBackend):
                 self._warned = True
                 logger.warning("native CPU transfer kernels unavailable: %s", reason)
             raise TransferError(f"the cpu backend is unavailable: {reason}")
-        validate_transfer(planes, slots, buffer)
+        if not planes:
+            validate_transfer(planes, slots, buffer)
         if plane_device(planes).type != "cpu" or buffer.device.type != "cpu":
             raise TransferError(
                 f"the cpu backend needs host tensors, got planes on {plane_device(planes)} "
                 f"and the buffer on {buffer.device}"
             )
+        entry = self._tables[direction].get(planes)
+        entry.validate(planes, slots, buffer)
         rows = slots.shape[-1]
-        table = self._tables[direction].get(planes)
         if rows == 0:
             return
         slots = slots.contiguous() if slots.device.type == "cpu" else slots.to("cpu").contiguous()
         status = lib.lmcp_transfer(
-            table.data_ptr(),
+            entry.table.data_ptr(),
             len(planes),
             slots.data_ptr(),
             rows if slots.dim() == 2 else 0,

@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.kernels.contract import TransferError, validate_transfer
 from lmcache_platforms.layout.plane import Plane
 
 FIELDS = (
@@ -80,32 +81,87 @@ def build_table(planes: Sequence[Plane]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
+@dataclass(frozen=True)
+class PlaneTable:
+    """A plane tuple's kernel table plus what a quick validation of a call against it needs."""
+
+    table: torch.Tensor
+    row_bytes: int  # chunk-buffer bytes per row, all planes together
+    capacities: torch.Tensor  # int64 [P]: slots of each plane
+    min_capacity: int
+
+    def validate(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor) -> None:
+        """``validate_transfer`` for these planes, with the common (valid) case checked in a few tensor ops.
+
+        Anything unusual is handed to ``validate_transfer`` itself, so errors read the same everywhere.
+        """
+        if not self._plainly_valid(slots, buffer):
+            validate_transfer(planes, slots, buffer)
+
+    def _plainly_valid(self, slots: torch.Tensor, buffer: torch.Tensor) -> bool:
+        if slots.dtype != torch.int64 or not buffer.is_contiguous():
+            return False
+        if slots.dim() == 2:
+            if slots.shape[0] != self.capacities.numel():
+                return False
+        elif slots.dim() != 1:
+            return False
+        rows = slots.shape[-1]
+        if buffer.numel() * buffer.element_size() != rows * self.row_bytes:
+            return False
+        if rows == 0:
+            return True
+        if slots.dim() == 1:
+            return int(slots.max()) < self.min_capacity
+        return bool((slots.max(dim=1).values.cpu() < self.capacities).all())
+
+
 class TableCache:
     """An LRU of tables keyed by the planes and the address of each plane's allocation.
 
     The address is part of the key because planes compare equal by description alone: a new allocation
-    with the same description must not reuse an old address. Tables are never written after they are
-    built; still, each backend keeps one cache per direction so store and load share nothing.
+    with the same description must not reuse an old address. A transfer group passes the same plane tuple
+    on every call, so that exact tuple is looked up by identity first (hashing 60 planes per call cost more
+    than moving a small chunk). Entries hold their planes, hence their allocations, until evicted.
+    Tables are never written after they are built; still, each backend keeps one cache per direction so
+    store and load share nothing.
     """
 
-    def __init__(self, capacity: int = 128) -> None:
+    def __init__(self, capacity: int = 64) -> None:
         self._capacity = capacity
-        self._tables: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._tables: OrderedDict[tuple, PlaneTable] = OrderedDict()
+        self._recent: OrderedDict[tuple[int, str], tuple[Sequence[Plane], PlaneTable]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, planes: Sequence[Plane], device: torch.device | None = None) -> torch.Tensor:
-        """The table of ``planes`` on ``device``."""
+    def get(self, planes: Sequence[Plane], device: torch.device | None = None) -> PlaneTable:
+        """The table of ``planes`` with its table tensor on ``device`` (CPU when None)."""
+        fast_key = (id(planes), str(device))
+        with self._lock:
+            hit = self._recent.get(fast_key)
+            if hit is not None and hit[0] is planes and isinstance(planes, tuple):
+                return hit[1]
         key = (tuple(planes), tuple(p.storage.untyped_storage().data_ptr() for p in planes), str(device))
         with self._lock:
             table = self._tables.get(key)
             if table is not None:
                 self._tables.move_to_end(key)
-                return table
-        table = build_table(planes)
-        if device is not None:
-            table = table.to(device)
+        if table is None:
+            tensor = build_table(planes)
+            capacities = torch.tensor([p.geometry.num_slots for p in planes], dtype=torch.int64)
+            table = PlaneTable(
+                table=tensor if device is None else tensor.to(device),
+                row_bytes=sum(p.row_bytes for p in planes),
+                capacities=capacities,
+                min_capacity=int(capacities.min()),
+            )
         with self._lock:
-            self._tables[key] = table
-            while len(self._tables) > self._capacity:
-                self._tables.popitem(last=False)
+            self._remember(self._tables, key, table)
+            if isinstance(planes, tuple):
+                self._remember(self._recent, fast_key, (planes, table))
         return table
+
+    def _remember(self, cache: OrderedDict, key, value) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self._capacity:
+            cache.popitem(last=False)

@@ -127,15 +127,17 @@ class TritonBackend(KernelBackend):
     def transfer(
         self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
     ) -> None:
-        validate_transfer(planes, slots, buffer)
+        if not planes:
+            validate_transfer(planes, slots, buffer)
         device = plane_device(planes)
         reason = self.unsupported(planes)
         if reason:
             raise TransferError(reason)
         if buffer.device != device:
             raise TransferError(f"the triton backend needs the buffer on {device}, got {buffer.device}")
+        entry = self._tables[direction].get(planes, device)
+        entry.validate(planes, slots, buffer)
         rows = slots.shape[-1]
-        table = self._tables[direction].get(planes, device)
         if rows == 0:
             return
         kernel, tl = _kernel()
@@ -145,7 +147,7 @@ class TritonBackend(KernelBackend):
         block = min(self.block, 1 << max(0, (widest - 1).bit_length()))
         grid = (rows, len(planes), -(-widest // block))
         kernel[grid](
-            table,
+            entry.table,
             slots,
             rows if slots.dim() == 2 else 0,
             rows,
