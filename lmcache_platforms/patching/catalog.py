@@ -21,6 +21,15 @@ PATCHES: tuple[Patch, ...] = (
             "and reports degraded mode (vLLM's LMCacheConnectorV1 looks the name up in this module at init)",
     ),
     Patch(
+        target="lmcache.v1.offload_server.zmq_server:ZMQOffloadServer",
+        replacement="lmcache_platforms.integration.vllm.offload_server:SafeCloseOffloadServer",
+        versions=LMCACHE,
+        stale_copies=("lmcache.integration.vllm.vllm_service_factory", "lmcache.v1.manager"),
+        requires=("vllm",),
+        why="upstream's close() closes the REP socket while its thread blocks in recv() on it: libzmq aborts "
+            "the process at shutdown when vLLM runs in one process (the usual CPU set-up)",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,

@@ -94,7 +94,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             raise RuntimeError("register_kv_caches called twice")
         if not kv_caches:
             raise ValueError("register_kv_caches got no KV caches")
-        if self.plan.saved:
+        if self.plan.saved and self.lmcache_engine is not None:  # degraded mode moves nothing
             self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                        vllm_hint_for(self._vllm_config), self._num_blocks)
             self._attach_layout()
@@ -105,12 +105,16 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     def _attach_layout(self) -> None:
         """Bind the layout to our GPU connector; its key tags then go into every store, load and lookup."""
         engine = self.lmcache_engine
-        connector = getattr(engine, "gpu_connector", None)
-        bind = getattr(connector, "bind", None)
-        if bind is None:
-            raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, which cannot move the "
-                               f"KV layout of this model ({self.plan.describe()}); is lmcache_platforms active?")
-        bind(self.layout)
+        connector = engine.gpu_connector
+        if not hasattr(connector, "bind"):
+            if self.plan.multi_group:
+                raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, which moves one KV "
+                                   f"group only; this model has several ({self.plan.describe()}). Is "
+                                   "lmcache_platforms activated in this process?")
+            logger.warning("LMCache's GPU connector %s is upstream's: single-group transfers only",
+                           type(connector).__name__)
+            return
+        connector.bind(self.layout)
         self._key_tags = dict(connector.binding.key_tags)
         tag_engine_lookups(engine, self._key_tags)
 

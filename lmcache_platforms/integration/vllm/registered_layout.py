@@ -46,19 +46,26 @@ def vllm_hint_for(vllm_config: Any) -> HintFor:
     cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
 
     def hint(layer_name: str, value: Any, group: KVGroup) -> Hint:
-        module = context.get(layer_name)
-        backend = getattr(module, "attn_backend", None)
-        name = backend.get_name() if backend is not None and hasattr(backend, "get_name") else ""
-        if name != "CPU_ATTN" or not isinstance(value, torch.Tensor):
+        backend = getattr(context.get(layer_name), "attn_backend", None)
+        if backend is None:
+            if _first_tensor(value).device.type == "cpu":
+                raise ValueError(f"layer {layer_name!r}: vLLM registered no attention backend for it, so the "
+                                 "layout of its CPU KV cache cannot be determined")
             return None
+        if backend.get_name() != "CPU_ATTN":
+            return None
+        if not isinstance(value, torch.Tensor) or value.dim() != 4:
+            raise ValueError(f"layer {layer_name!r}: vLLM's CPU attention cache should be one 4-D tensor, got "
+                             f"{type(value).__name__}")
         if cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"layer {layer_name!r}: vLLM CPU KV cache dtype {cache_dtype!r} is not supported")
-        isa = getattr(module, "isa", None)
+        block_size, head_size = value.shape[2], value.shape[3] // 2
+        isa = getattr(context.get(layer_name), "isa", None)
         if isa is None:
             from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-            isa = _get_attn_isa(value.dtype, value.shape[2], value.shape[3] // 2, cache_dtype)
-        return probe_cpu_layout(str(isa), value.dtype, value.shape[2], value.shape[3] // 2)
+            isa = _get_attn_isa(value.dtype, block_size, head_size, cache_dtype)
+        return probe_cpu_layout(str(isa), value.dtype, block_size, head_size)
 
     return hint
 

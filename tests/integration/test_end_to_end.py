@@ -1,0 +1,86 @@
+"""Store, hit and load a hybrid (Gemma-3-like) model's KV through both connector halves and a real LMCache
+engine, as vLLM drives them in one process; a short load with several groups stops the step."""
+
+from __future__ import annotations
+
+import pytest
+from vllm import SamplingParams
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.request import Request
+
+from lmcache_platforms.integration.vllm import health
+from lmcache_platforms.integration.vllm.engine_impl import MultiGroupLoadError
+from tests.integration.specs import gemma_like
+from tests.integration.vllm_env import vllm_config
+from tests.integration.vllm_stack import gpu_connector_replaced, start_stack, stop_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not gpu_connector_replaced(), reason=(
+    "the patch catalog does not replace CreateGPUConnector yet: LMCache would run degraded on CPU"))]
+
+WINDOW = 64
+PROMPT = list(range(1000, 1200))
+TABLE_A = ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15, 16, 17, 18, 19, 20, 21],
+           [22, 23, 24, 25, 26, 27, 28])
+# After a 192-token hit vLLM gives the sliding groups null blocks (0) wholly before token 192 - 64.
+TABLE_B = ([29, 30, 31, 32, 33, 34, 35, 36], [0, 0, 0, 0, 37, 38, 39, 40], [0, 0, 0, 0, 41, 42, 43, 44],
+           [0, 0, 0, 0, 45, 46, 47, 48])
+
+
+def output(new: list[NewRequestData], scheduled: dict[str, int], sync_loads: bool) -> SchedulerOutput:
+    return SchedulerOutput(
+        scheduled_new_reqs=new, scheduled_cached_reqs=CachedRequestData.make_empty(),
+        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
+        free_encoder_mm_hashes=[], has_sync_kv_loads=sync_loads)
+
+
+def admit(stack, req_id: str, prompt: list[int], block_ids: tuple[list[int], ...]):
+    """vLLM's scheduler for a new request: ask for external hits, allocate, schedule the rest."""
+    req = Request(req_id, prompt, SamplingParams(max_tokens=4), None)
+    hit, is_async = stack.scheduler.get_num_new_matched_tokens(req, 0)
+    assert is_async is False
+    stack.scheduler.update_state_after_alloc(req, None, hit)
+    req.num_computed_tokens = hit
+    new = NewRequestData.from_request(req, block_ids)
+    return hit, output([new], {req_id: len(prompt) - hit}, sync_loads=hit > 0)
+
+
+@pytest.fixture(scope="module")
+def hybrid(model_dir):
+    health.forget()
+    stack = start_stack(vllm_config(model_dir, "LMCachePlatformsConnector"), gemma_like(WINDOW, num_blocks=64))
+    yield stack
+    stop_stack(stack)
+
+
+def test_a_prefix_stored_by_one_request_is_loaded_into_anothers_blocks(hybrid):
+    assert not health.is_degraded(), health.engine_health()
+    hit, step = admit(hybrid, "a", PROMPT, TABLE_A)
+    assert hit == 0
+    hybrid.step(step, {"a": (PROMPT, TABLE_A)})
+    assert hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_stored == 3
+
+    null_block = hybrid.rows(1, [0, 1], range(32, 64))  # block 0 of group 1's layer: never written
+    hit, step = admit(hybrid, "b", PROMPT[:192] + list(range(5000, 5040)), TABLE_B)
+    assert hit == 192
+    hybrid.step(step, {})
+    assert hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_loaded == 3
+
+    a_rows = hybrid.rows(0, TABLE_A[0], range(192))
+    assert a_rows.any() and a_rows.equal(hybrid.rows(0, TABLE_B[0], range(192)))
+    for group in (1, 2, 3):  # sliding window: the last 64 tokens' rows are what resuming needs
+        window = range(192 - WINDOW, 192)
+        assert hybrid.rows(group, TABLE_B[group], window).equal(hybrid.rows(group, TABLE_A[group], window))
+    assert hybrid.rows(1, [0, 1], range(32, 64)).equal(null_block)
+
+
+def test_a_short_load_with_several_groups_stops_instead_of_decoding_garbage(hybrid):
+    prompt = PROMPT[:192] + [7] * 10
+    hit, step = admit(hybrid, "c", prompt, TABLE_B)
+    assert hit == 192
+    engine = hybrid.worker.impl.lmcache_engine
+    tags = hybrid.worker.impl._key_tags
+    keys = [key for _, _, key in engine.token_database.process_tokens(tokens=prompt[:192], request_configs=tags)]
+    engine.storage_manager.remove(keys[-1])
+    with pytest.raises(MultiGroupLoadError, match=r"request c: LMCache could not load tokens \[128, 192\)"):
+        hybrid.step(step, {})
