@@ -42,7 +42,8 @@ def summary(run: DemoRun) -> dict[str, Any]:
         "ttft_warm_s": warm_ttft,
         "warm_over_cold": warm_ttft / cold_ttft if cold_ttft else None,
         "cores": list(run.options.resources.cores),
-        "lmcache_degraded": any("DEGRADED MODE" in w for p in (cold, warm) for w in p.get("warnings", [])),
+        "lmcache_degraded": any(m.lower() in w.lower() for p in (cold, warm) for w in p.get("warnings", [])
+                                for m in ("degraded mode", "remote connection")),
         "clean_exit": not any("hung at exit" in w for o in run.outcomes.values() for p in o.passes.values()
                               for w in p.get("warnings", [])),
     }

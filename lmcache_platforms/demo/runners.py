@@ -87,7 +87,10 @@ def _last_error(path: Path) -> str:
     return ""
 
 
-def log_warnings(path: Path, markers: tuple[str, ...] = ("DEGRADED MODE",)) -> list[str]:
+DEGRADED_MARKERS = ("DEGRADED MODE", "entering degraded mode", "Failed to initialize/re-establish remote")
+
+
+def log_warnings(path: Path, markers: tuple[str, ...] = DEGRADED_MARKERS) -> list[str]:
     """Lines of a pass's log that explain a run without hits (LMCache fell back to recomputing)."""
     if not path.exists():
         return []

@@ -57,12 +57,15 @@ class DemoRun:
 
 
 def lmcache_yaml(chunk_size: int, store: Path, cpu_gib: float = 1.0) -> str:
-    """LMCache's config for our passes: local CPU cache in front of a persistent ``fs://`` store."""
+    """LMCache's config for our passes: local CPU cache in front of a persistent ``fs://`` store.
+
+    LMCache's URL parser insists on a host and a port even for files; the fs backend uses only the path.
+    """
     return (
         f"chunk_size: {chunk_size}\n"
         "local_cpu: true\n"
         f"max_local_cpu_size: {cpu_gib}\n"
-        f'remote_url: "fs://{store.resolve()}"\n'
+        f'remote_url: "fs://localhost:0{store.resolve()}"\n'
         "remote_serde: naive\n"
     )
 
