@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 
 import pytest
 import torch
 
+from lmcache_platforms.kernels import triton_backend
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, buffer_bytes
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
@@ -69,3 +72,19 @@ def check_refusals(backend: KernelBackend) -> None:
     for direction in Direction:
         with pytest.raises(TransferError, match="plane 'v' of layer 'l0' reaches byte 144 of an allocation of 128"):
             backend.transfer([planes[0], too_long], good, torch.zeros(32, dtype=torch.uint8), direction)
+
+
+@contextlib.contextmanager
+def interpreter():
+    """Runs the block with Triton's interpreter on, compiling the kernel afresh on both sides."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    triton_backend._kernel.cache_clear()
+    try:
+        yield triton_backend.TritonBackend()
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET")
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+        triton_backend._kernel.cache_clear()

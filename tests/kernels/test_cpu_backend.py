@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import multiprocessing
+import threading
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 from lmcache_platforms.kernels import cpu_backend
 from lmcache_platforms.kernels.contract import Direction, TransferError, buffer_bytes
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
+from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.checks import (
     assert_load_matches_torch,
@@ -19,7 +23,7 @@ from tests.kernels.checks import (
     check_refusals,
     small_group,
 )
-from tests.kernels.strategies import transfer_cases
+from tests.kernels.strategies import clone_planes, transfer_cases
 
 pytestmark = pytest.mark.skipif(not CPU.availability()[0], reason=CPU.availability()[1])
 
@@ -77,3 +81,68 @@ def test_missing_library_makes_the_backend_unavailable_and_warns_once(monkeypatc
     finally:
         logger.removeHandler(caplog.handler)
         cpu_backend.load_library.cache_clear()
+
+
+def big_group(seed: int) -> tuple[list[Plane], torch.Tensor]:
+    """8 planes of 32 blocks x 16 rows x 1 KiB (4 MiB per chunk of 512 rows): the parallel path."""
+    gen = torch.Generator().manual_seed(seed)
+    storage = torch.randint(0, 256, (8 * 32 * 16 * 1024,), dtype=torch.uint8, generator=gen)
+    geometry = PlaneGeometry(32, 16 * 1024, 16, 1024, 1, 1024, 1024)
+    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 32 * 16 * 1024, storage) for i in range(8)]
+    return planes, torch.randperm(32 * 16, generator=gen)
+
+
+def test_concurrent_store_and_load_from_two_threads():
+    """A store and a load running at once (async save while loading) each get exactly their own bytes."""
+    store_planes, store_slots = big_group(1)
+    load_planes, load_slots = big_group(2)
+    expected_store = torch.empty(buffer_bytes(store_planes, 512), dtype=torch.uint8)
+    CPU.transfer(store_planes, store_slots, expected_store, Direction.STORE)
+    source = torch.randint(0, 256, (buffer_bytes(load_planes, 512),), dtype=torch.uint8)
+    reference = clone_planes(load_planes)
+    TORCH.transfer(reference, load_slots, source, Direction.LOAD)
+    errors: list[BaseException] = []
+
+    def repeat(work) -> None:
+        try:
+            for _ in range(20):
+                work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    stored = torch.empty_like(expected_store)
+    threads = [
+        threading.Thread(target=repeat, args=(lambda: CPU.transfer(store_planes, store_slots, stored,
+                                                                   Direction.STORE),)),
+        threading.Thread(target=repeat, args=(lambda: CPU.transfer(load_planes, load_slots, source,
+                                                                   Direction.LOAD),)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert torch.equal(stored, expected_store)
+    assert torch.equal(load_planes[0].storage, reference[0].storage)
+
+
+def _store_in_child(queue) -> None:
+    """Only our kernel runs threads here: torch's own OpenMP pool is not usable in a forked child."""
+    planes, slots = big_group(3)
+    buffer = torch.empty(buffer_bytes(planes, 512), dtype=torch.uint8)
+    CPU.transfer(planes, slots, buffer, Direction.STORE)
+    queue.put(hashlib.sha256(buffer.numpy()).hexdigest())
+
+
+def test_a_forked_child_transfers_with_a_fresh_pool():
+    """The helper threads do not survive fork; the child must neither hang nor skip rows."""
+    planes, slots = big_group(3)
+    buffer = torch.empty(buffer_bytes(planes, 512), dtype=torch.uint8)
+    CPU.transfer(planes, slots, buffer, Direction.STORE)  # starts the parent's helpers
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_store_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == hashlib.sha256(buffer.numpy()).hexdigest()

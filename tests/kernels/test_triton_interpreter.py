@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,26 +10,15 @@ from hypothesis import strategies as st
 from lmcache_platforms.kernels import triton_backend
 from lmcache_platforms.kernels.contract import Direction
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
-from tests.kernels.checks import assert_load_matches_torch, assert_store_matches_torch, check_refusals
+from tests.kernels.checks import (
+    assert_load_matches_torch,
+    assert_store_matches_torch,
+    check_refusals,
+    interpreter,
+)
 from tests.kernels.strategies import storage_of, transfer_cases
 
 pytest.importorskip("triton")
-
-
-@contextlib.contextmanager
-def interpreter():
-    """Runs the block with Triton's interpreter on, compiling the kernel afresh on both sides."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    triton_backend._kernel.cache_clear()
-    try:
-        yield triton_backend.TritonBackend()
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET")
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-        triton_backend._kernel.cache_clear()
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,0 +1,255 @@
+"""Transfer speed of a layout's whole chunks (store and load) against a plain copy of the same bytes.
+
+Every transfer group of every whole chunk is moved with real slot lists (random distinct non-null blocks).
+Store, load and a `Tensor.copy_` of the same byte count (same device and thread count) are timed in
+interleaved rounds after a warm-up, best of --repeats each; where upstream LMCache 0.5.6's own torch path
+can move the layout, it is timed the same way against its own copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+GIB = 1e9
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layout", required=True, help="layout file, or the name of a shipped example")
+    parser.add_argument("--backend", default=None,
+                        help="auto, torch, cpu, triton, ascend (default: platforms.kernel_backend setting)")
+    parser.add_argument("--chunks", type=int, default=None, help="move at most N whole chunks (default: all)")
+    parser.add_argument("--mode", choices=("bundled", "exploded"), default="bundled")
+    parser.add_argument("--device", default="cpu", help="torch device holding the KV cache (default cpu)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds; the best of each counts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+def _fail(message: str) -> int:
+    print(f"lmcache-platforms bench: {message}", file=sys.stderr)
+    return 2
+
+
+@dataclass
+class Move:
+    """One transfer group of one chunk: its planes, slots and chunk buffer."""
+
+    planes: tuple
+    slots: object
+    buffer: object
+
+
+def _synchronizer(device) -> Callable[[], None]:
+    import torch
+
+    module = getattr(torch, device.type, None)
+    sync = getattr(module, "synchronize", None) if device.type != "cpu" else None
+    return sync if callable(sync) else (lambda: None)
+
+
+def _best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], None], repeats: int) -> dict:
+    """Best seconds of each work, timed in interleaved rounds after one warm-up round.
+
+    Interleaving puts every contender through the same moments of a shared, noisy machine, so the ratios
+    compare like with like.
+    """
+    best = dict.fromkeys(works, float("inf"))
+    for round_index in range(repeats + 1):
+        for name, work in works.items():
+            sync()
+            start = time.perf_counter()
+            work()
+            sync()
+            if round_index:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _block_ids(spec):
+    """Random distinct non-null block ids per group, enough for the layout's num_tokens."""
+    import torch
+
+    from lmcache_platforms.layout.slots import rows_for_tokens
+
+    ids = []
+    for group, blocks in zip(spec.groups, spec.num_blocks, strict=True):
+        need = -(-rows_for_tokens(spec.num_tokens, group) // group.block_size)
+        if need > blocks - 1:
+            raise ValueError(f"group {group.index} needs {need} blocks for {spec.num_tokens} tokens, "
+                             f"the layout has {blocks} (block 0 is the null block)")
+        ids.append(torch.randperm(blocks - 1)[:need] + 1)
+    return ids
+
+
+def _moves(layout, block_ids, chunks: int, device) -> list[list[Move]]:
+    import torch
+
+    out = []
+    for c in range(chunks):
+        start, end = c * layout.chunk_size, (c + 1) * layout.chunk_size
+        out.append([
+            Move(tg.planes, layout.chunk_slots(tg, block_ids, start, end).to(device),
+                 torch.empty(tg.bytes_per_chunk, dtype=torch.uint8, device=device))
+            for tg in layout.transfer_groups
+        ])
+    return out
+
+
+def _copier(num_bytes: int, device) -> Callable[[], None]:
+    """One ``Tensor.copy_`` of ``num_bytes`` between two contiguous uint8 tensors (torch's thread count)."""
+    import torch
+
+    src = torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
+    """(format name, bytes, store work, load work) of upstream LMCache's torch path for this layout, or None.
+
+    Upstream 0.5.6 ``mem_kernels.multi_layer_kv_transfer`` (its in-process path) takes one group of identical
+    single-tensor layers, either flash ``(nb, 2, bs, ...)`` or MLA ``(nb, bs, ...)`` without block padding.
+    """
+    import torch
+
+    from lmcache_platforms.layout.files import materialize_tensors
+    from lmcache_platforms.layout.slots import chunk_slots
+
+    groups = spec.groups
+    if len(groups) != 1 or groups[0].tokens_per_row != 1 or groups[0].sliding_window is not None:
+        return None
+    shapes = {(p.shape, p.dims) for layer in spec.layers for p in layer.planes}
+    if len(shapes) != 1 or spec.block_padding_bytes or any(len(layer.planes) != 1 for layer in spec.layers):
+        return None
+    shape, dims = shapes.pop()
+    from lmcache.lmcache_native import EngineKVFormat, TransferDirection
+    from lmcache.v1.platform.torch_ops.mem_kernels import multi_layer_kv_transfer
+
+    nb, bs, layers = shape[0], groups[0].block_size, len(spec.layers)
+    if dims[:3] == ("nb", "kv", "bs"):
+        fmt, split, kv_dims = EngineKVFormat.NL_X_NB_TWO_BS_NH_HS, (nb, 2, bs, -1), 2
+    elif dims[:2] == ("nb", "bs") and "kv" not in dims:
+        fmt, split, kv_dims = EngineKVFormat.NL_X_NB_BS_HS, (nb * bs, -1), 1
+    else:
+        return None
+    paged = [t[0].reshape(split) for t in materialize_tensors(spec, device, seed).values()]
+    work = []
+    for c in range(chunks):
+        start, end = c * spec.chunk_size, (c + 1) * spec.chunk_size
+        slots = chunk_slots(groups[0], block_ids[0], start, end, spec.chunk_size).to(device)
+        kv = torch.empty((kv_dims, layers, spec.chunk_size, paged[0].shape[-1]), dtype=paged[0].dtype,
+                         device=device)
+        work.append((slots, kv))
+
+    def run(direction) -> Callable[[], None]:
+        def move() -> None:
+            for slots, kv in work:
+                multi_layer_kv_transfer(kv, paged, slots, device, nb * bs, direction, fmt, block_size=bs)
+
+        return move
+
+    moved = sum(kv.numel() * kv.element_size() for _, kv in work)
+    return fmt.name, moved, run(TransferDirection.D2H), run(TransferDirection.H2D)
+
+
+def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
+    """Best store, load and same-size copy seconds over every whole chunk, and the launches per chunk."""
+    from lmcache_platforms.config import PlatformSettings
+    from lmcache_platforms.kernels.contract import Direction
+    from lmcache_platforms.kernels.registry import select_backend
+    from lmcache_platforms.layout.files import materialize
+
+    layout = materialize(spec, args.mode, device=device, seed=args.seed)
+    preference = args.backend or PlatformSettings.load().kernel_backend
+    backend = select_backend([p for tg in layout.transfer_groups for p in tg.planes], device, preference)
+    moves = _moves(layout, block_ids, chunks, device)
+    moved = sum(m.buffer.numel() for chunk in moves for m in chunk)
+    calls = 0
+
+    def run(direction: Direction) -> Callable[[], None]:
+        def move() -> None:
+            nonlocal calls
+            for chunk in moves:
+                for m in chunk:
+                    backend.transfer(m.planes, m.slots, m.buffer, direction)
+                    calls += 1
+
+        return move
+
+    works = {"store": run(Direction.STORE), "load": run(Direction.LOAD), "copy": _copier(moved, device)}
+    best = _best_of_rounds(works, sync, args.repeats)
+    launches = calls // (2 * (args.repeats + 1) * chunks)
+    return {"backend": backend.name, "bytes": moved, "launches_per_chunk": launches, **best}
+
+
+def _time_upstream(spec, block_ids, chunks: int, device, sync, args) -> dict | None:
+    """Upstream's store and load speed as multiples of a same-size copy timed in the same rounds."""
+    path = _upstream_path(spec, block_ids, chunks, device, args.seed)
+    if path is None:
+        return None
+    name, moved, store, load = path
+    best = _best_of_rounds({"store": store, "load": load, "copy": _copier(moved, device)}, sync, args.repeats)
+    return {"format": name, "store_x": best["copy"] / best["store"], "load_x": best["copy"] / best["load"]}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Run the benchmark described by ``args``; raises ValueError (LayoutError) or BackendUnavailable."""
+    import torch
+
+    from lmcache_platforms.layout.files import load_layout_spec
+
+    spec = load_layout_spec(args.layout)
+    device = torch.device(args.device)
+    sync = _synchronizer(device)
+    torch.manual_seed(args.seed)
+    total_chunks = spec.num_tokens // spec.chunk_size
+    chunks = total_chunks if args.chunks is None else min(args.chunks, total_chunks)
+    if chunks < 1:
+        raise ValueError(f"the layout has {spec.num_tokens} tokens, no whole chunk of {spec.chunk_size}")
+    block_ids = _block_ids(spec)
+    ours = _time_backend(spec, args, block_ids, chunks, device, sync)
+    upstream = _time_upstream(spec, block_ids, chunks, device, sync, args)
+    moved = ours["bytes"]
+    result = {
+        "layout": spec.name,
+        "mode": args.mode,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "chunks": chunks,
+        "bytes": moved,
+        "backend": ours["backend"],
+        "store_GBps": moved / ours["store"] / GIB,
+        "load_GBps": moved / ours["load"] / GIB,
+        "memcpy_GBps": moved / ours["copy"] / GIB,
+        "store_x_memcpy": ours["copy"] / ours["store"],
+        "load_x_memcpy": ours["copy"] / ours["load"],
+        "upstream_format": upstream["format"] if upstream else None,
+        "upstream_store_x_memcpy": upstream["store_x"] if upstream else None,
+        "upstream_load_x_memcpy": upstream["load_x"] if upstream else None,
+        "launches_per_chunk": ours["launches_per_chunk"],
+    }
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        return _fail(f"--repeats must be at least 1, got {args.repeats}")
+    if args.chunks is not None and args.chunks < 1:
+        return _fail(f"--chunks must be at least 1, got {args.chunks}")
+    from lmcache_platforms.kernels.registry import BackendUnavailable
+
+    try:
+        result = measure(args)
+    except (ValueError, BackendUnavailable) as exc:
+        return _fail(str(exc))
+    if not args.json:
+        for key, value in result.items():
+            print(f"{key:>24}: {value}")
+        return 0
+    print(json.dumps(result))
+    return 0
