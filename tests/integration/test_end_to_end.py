@@ -9,7 +9,6 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.request import Request
 
 from lmcache_platforms.integration.vllm import health
-from lmcache_platforms.integration.vllm.engine_impl import MultiGroupLoadError
 from tests.integration.specs import gemma_like
 from tests.integration.vllm_env import vllm_config
 from tests.integration.vllm_stack import gpu_connector_replaced, start_stack, stop_stack
@@ -82,5 +81,7 @@ def test_a_short_load_with_several_groups_stops_instead_of_decoding_garbage(hybr
     tags = hybrid.worker.impl._key_tags
     keys = [key for _, _, key in engine.token_database.process_tokens(tokens=prompt[:192], request_configs=tags)]
     engine.storage_manager.remove(keys[-1])
-    with pytest.raises(MultiGroupLoadError, match=r"request c: LMCache could not load tokens \[128, 192\)"):
+    # MultiGroupLoadError (not imported here: importing engine_impl before LMCache's adapter defeats the patch)
+    with pytest.raises(RuntimeError, match=r"request c: LMCache could not load tokens \[128, 192\)") as error:
         hybrid.step(step, {})
+    assert type(error.value).__name__ == "MultiGroupLoadError"

@@ -9,9 +9,12 @@ Use: ``--kv-transfer-config '{"kv_connector": "LMCachePlatformsConnector", "kv_r
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import importlib
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
 
-import lmcache.integration.vllm.vllm_v1_adapter  # noqa: F401 - before engine_impl, see below
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -20,23 +23,43 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-# Upstream's adapter is imported first on purpose: importing it fires our patch of its
-# LMCacheConnectorV1Impl, which imports engine_impl; were engine_impl the importer, the patch would find
-# engine_impl half-initialised.
-from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
+if TYPE_CHECKING:
+    from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
+
+
+def _impl_class() -> type[MultiGroupConnectorImpl]:
+    """Imported only when a connector is built: vLLM imports this module while it validates its config,
+    before its CPU worker starts, and importing LMCache that early crashed that worker. Upstream's adapter
+    goes first: importing it fires our patch of its LMCacheConnectorV1Impl, which imports engine_impl;
+    were engine_impl the importer, the patch would find engine_impl half-initialised."""
+    importlib.import_module("lmcache.integration.vllm.vllm_v1_adapter")
+    return importlib.import_module("lmcache_platforms.integration.vllm.engine_impl").MultiGroupConnectorImpl
+
+
+def _shut_down_before_threads_are_joined(connector: LMCachePlatformsConnector) -> None:
+    """At interpreter exit Python joins non-daemon threads before any atexit handler (vLLM's engine
+    finalizer included) runs, so LMCache's threads kept a one-process vLLM from ever exiting. This hook
+    runs first; connectors register in creation order, so the worker's (created first) closes first."""
+    ref = weakref.ref(connector)
+
+    def shutdown() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.shutdown()
+
+    # AttributeError: no such hook in this Python; RuntimeError: the interpreter is already exiting.
+    with contextlib.suppress(AttributeError, RuntimeError):
+        threading._register_atexit(shutdown)  # type: ignore[attr-defined]
 
 
 class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM v1 KV connector (both roles) backed by an in-process LMCache engine, for any number of groups."""
 
-    @classmethod
-    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """Layerwise load/save synchronises inside the forward, which a full CUDA graph would skip."""
-        return bool(extra_config.get("use_layerwise", False))
-
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self._impl = MultiGroupConnectorImpl(vllm_config, role, self)
+        self._impl = _impl_class()(vllm_config, role, self)
+        self._shut_down = False
+        _shut_down_before_threads_are_joined(self)
 
     @property
     def impl(self) -> MultiGroupConnectorImpl:
@@ -70,7 +93,10 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         return self._impl.get_block_ids_with_load_errors()
 
     def shutdown(self) -> None:
-        self._impl.shutdown()
+        """Idempotent: vLLM's engine shutdown and our exit hook may both call it."""
+        if not self._shut_down:
+            self._shut_down = True
+            self._impl.shutdown()
 
     # Scheduler side
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:

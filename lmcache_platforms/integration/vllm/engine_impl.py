@@ -65,9 +65,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         super().__init__(vllm_config, role, parent)
         self._role_name = role.name.lower()
         health.record(self._role_name, "init", self._manager)
-        if self.config.use_layerwise and self.plan.multi_group:
-            raise ValueError("LMCache layerwise mode (use_layerwise) is not supported with several KV-cache "
-                             f"groups ({self.plan.describe()}); disable use_layerwise")
+        if self.config.use_layerwise:
+            raise ValueError("LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms "
+                             "vLLM integration yet: its per-layer calls carry no per-group block ids")
         logger.info("LMCache platforms engine impl (%s): %s", self._role_name, self.plan.describe())
         if not self.plan.hits_allowed:
             logger.warning("LMCache will neither save nor report hits for this model: %s", self.plan.why_no_hits())
@@ -129,9 +129,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 "req_id": meta.req_id}
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        if self.use_layerwise:
-            super().start_load_kv(forward_context, **kwargs)
-            return
         self.current_layer = 0
         engine = self.lmcache_engine
         if engine is None:
@@ -183,9 +180,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._invalid_block_ids.update(blocks)
 
     def wait_for_save(self) -> None:
-        if self.use_layerwise:
-            super().wait_for_save()
-            return
         engine = self.lmcache_engine
         if engine is None:
             return
