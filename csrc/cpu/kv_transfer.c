@@ -46,9 +46,13 @@ static inline int payload_is_dense(const lmcp_plane *p) {
     return p->segments == 1 || p->segment_stride == p->segment_bytes;
 }
 
-/* True when row r's plane bytes directly follow row r-1's, so r belongs to the run that r-1 is in. */
+/*
+ * True when row r continues the run row r-1 is in: consecutive slots whose payloads are adjacent in the
+ * plane (same block, or the next block when blocks are unpadded). Runs are maximal chains of this relation,
+ * so every thread finds the same runs whichever row it starts from.
+ */
 static inline int continues_run(const lmcp_plane *p, const int64_t *slots, int64_t r) {
-    if (r == 0 || slots[r - 1] < 0 || slots[r] < 0) return 0;
+    if (r == 0 || slots[r - 1] < 0 || slots[r] != slots[r - 1] + 1) return 0;
     return row_address(p, slots[r]) == row_address(p, slots[r - 1]) + p->row_bytes;
 }
 
@@ -75,39 +79,68 @@ static void copy_segments(const lmcp_plane *p, uint8_t *plane_row, uint8_t *buf_
 
 /*
  * A store reads rows scattered over the planes, and a short run (a block of 16 rows of 132 bytes) ends
- * before the hardware prefetcher gets going: before copying a run, request the ~8 KiB of rows that follow
- * it in this plane's list, so the next runs are already in flight.
+ * before the hardware prefetcher gets going: while copying, keep the ~8 KiB of rows that follow the current
+ * run requested, so the next runs are already in flight. Each row is requested once.
  */
 #define LMCP_PREFETCH_BYTES 8192
 
-static inline void prefetch_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t from) {
-    int64_t last = from + (p->row_bytes < LMCP_PREFETCH_BYTES ? LMCP_PREFETCH_BYTES / p->row_bytes : 1);
-    for (int64_t r = from; r < last && r < num_rows; ++r) {
+static inline int64_t prefetch_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t from,
+                                    int64_t until) {
+    if (until > num_rows) until = num_rows;
+    for (int64_t r = from; r < until; ++r) {
         if (slots[r] < 0) continue;
         const uint8_t *row = row_address(p, slots[r]);
         for (int64_t b = 0; b < p->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
     }
+    return from > until ? from : until;
 }
 
-static void move_item(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t r, uint8_t *buffer,
-                      int direction) {
-    int64_t slot = slots[r];
-    if (slot < 0) return;
-    uint8_t *plane_row = row_address(p, slot);
-    uint8_t *buf_row = buffer + p->buffer_prefix * num_rows + r * p->row_bytes;
+static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t bytes, int direction) {
+    if (direction == LMCP_STORE) {
+        memcpy(buf_bytes, plane_bytes, bytes);
+    } else {
+        memcpy(plane_bytes, buf_bytes, bytes);
+    }
+}
+
+/*
+ * Moves rows [first, last) of one plane. A run starting in that range is copied whole even past `last`;
+ * a run that started before `first` is skipped, as the thread that owns its first row copies it.
+ * Within a run the next address is stepped, not divided out, so long runs cost one division.
+ */
+static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
+                      uint8_t *buffer, int direction) {
+    uint8_t *plane_rows = buffer + p->buffer_prefix * num_rows;
     if (!payload_is_dense(p)) {
-        copy_segments(p, plane_row, buf_row, direction);
+        for (int64_t r = first; r < last; ++r) {
+            if (slots[r] >= 0) copy_segments(p, row_address(p, slots[r]), plane_rows + r * p->row_bytes, direction);
+        }
         return;
     }
-    if (continues_run(p, slots, r)) return; /* the item that starts this run copies it */
-    int64_t end = r + 1;
-    while (end < num_rows && continues_run(p, slots, end)) ++end;
-    size_t bytes = (size_t)((end - r) * p->row_bytes);
-    if (direction == LMCP_STORE) {
-        prefetch_rows(p, slots, num_rows, end);
-        memcpy(buf_row, plane_row, bytes);
-    } else {
-        memcpy(plane_row, buf_row, bytes);
+    const int64_t ahead = p->row_bytes < LMCP_PREFETCH_BYTES ? LMCP_PREFETCH_BYTES / p->row_bytes : 1;
+    int64_t prefetched = 0;
+    int64_t r = first;
+    while (r < last && continues_run(p, slots, r)) ++r;
+    while (r < last) {
+        const int64_t slot = slots[r];
+        if (slot < 0) {
+            ++r;
+            continue;
+        }
+        int64_t block = slot / p->rows_per_block, row = slot - block * p->rows_per_block;
+        uint8_t *start = (uint8_t *)(intptr_t)(p->base + block * p->block_stride + row * p->row_stride);
+        uint8_t *next = start + p->row_bytes;
+        int64_t end = r + 1;
+        while (end < num_rows && slots[end] == slots[end - 1] + 1) {
+            if (++row == p->rows_per_block) row = 0, ++block;
+            if ((uint8_t *)(intptr_t)(p->base + block * p->block_stride + row * p->row_stride) != next) break;
+            next += p->row_bytes;
+            ++end;
+        }
+        if (direction == LMCP_STORE) prefetched = prefetch_rows(p, slots, num_rows, prefetched > end ? prefetched : end,
+                                                                end + ahead);
+        copy_run(start, plane_rows + r * p->row_bytes, (size_t)((end - r) * p->row_bytes), direction);
+        r = end;
     }
 }
 
@@ -133,13 +166,15 @@ typedef struct {
 } lmcp_job;
 
 static void run_items(lmcp_job *job) {
+    const int64_t rows = job->num_rows;
     for (;;) {
         int64_t start = atomic_fetch_add_explicit(&job->next, job->grain, memory_order_relaxed);
         if (start >= job->items) return;
         int64_t end = start + job->grain < job->items ? start + job->grain : job->items;
-        for (int64_t i = start; i < end; ++i) {
-            const int64_t p = i / job->num_rows, r = i - p * job->num_rows;
-            move_item(&job->planes[p], job->slots + p * job->slots_plane_stride, job->num_rows, r, job->buffer,
+        for (int64_t p = start / rows; p * rows < end; ++p) {
+            int64_t first = p * rows > start ? 0 : start - p * rows;
+            int64_t last = (p + 1) * rows < end ? rows : end - p * rows;
+            move_rows(&job->planes[p], job->slots + p * job->slots_plane_stride, rows, first, last, job->buffer,
                       job->direction);
         }
     }

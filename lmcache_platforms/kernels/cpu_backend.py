@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import TableCache, plane_device
+from lmcache_platforms.kernels.plane_table import TableCache
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
 
@@ -79,12 +79,11 @@ class CpuBackend(KernelBackend):
             raise TransferError(f"the cpu backend is unavailable: {reason}")
         if not planes:
             validate_transfer(planes, slots, buffer)
-        if plane_device(planes).type != "cpu" or buffer.device.type != "cpu":
-            raise TransferError(
-                f"the cpu backend needs host tensors, got planes on {plane_device(planes)} "
-                f"and the buffer on {buffer.device}"
-            )
         entry = self._tables[direction].get(planes)
+        if entry.device.type != "cpu" or buffer.device.type != "cpu":
+            raise TransferError(
+                f"the cpu backend needs host tensors, got planes on {entry.device} and the buffer on {buffer.device}"
+            )
         entry.validate(planes, slots, buffer)
         rows = slots.shape[-1]
         if rows == 0:

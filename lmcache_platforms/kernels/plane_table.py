@@ -86,6 +86,7 @@ class PlaneTable:
     """A plane tuple's kernel table plus what a quick validation of a call against it needs."""
 
     table: torch.Tensor
+    device: torch.device  # where the planes live
     row_bytes: int  # chunk-buffer bytes per row, all planes together
     capacities: torch.Tensor  # int64 [P]: slots of each plane
     min_capacity: int
@@ -150,6 +151,7 @@ class TableCache:
             capacities = torch.tensor([p.geometry.num_slots for p in planes], dtype=torch.int64)
             table = PlaneTable(
                 table=tensor if device is None else tensor.to(device),
+                device=plane_device(planes),
                 row_bytes=sum(p.row_bytes for p in planes),
                 capacities=capacities,
                 min_capacity=int(capacities.min()),
