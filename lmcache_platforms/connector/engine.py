@@ -29,6 +29,12 @@ class StorageOptions:
     remote_url: str | None = None
 
 
+def cache_size_gib(layout: KVLayout, num_tokens: int) -> float:
+    """A CPU cache (GiB) twice the size of ``num_tokens`` tokens' chunks: LMCache allocates it up front."""
+    chunks = -(-num_tokens // layout.chunk_size)
+    return (2 * chunks * max(layout.chunk_bytes, 1) + 2**24) / 2**30
+
+
 def engine_config(chunk_size: int, storage: StorageOptions, *, layerwise: bool = False,
                   save_unfull_chunk: bool = False) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
@@ -64,7 +70,8 @@ class LayoutEngine:
     """An LMCacheEngine whose connector is bound to ``layout``; ``close`` destroys it (use ``with``)."""
 
     def __init__(self, layout: KVLayout, storage: StorageOptions, *, kernel_backend: str = "auto",
-                 layerwise: bool = False, model_name: str = "lmcache-platforms-selftest") -> None:
+                 layerwise: bool = False, layer_steps: int | None = None,
+                 model_name: str = "lmcache-platforms-selftest") -> None:
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
         from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
@@ -73,7 +80,7 @@ class LayoutEngine:
 
         self.layout = layout
         self.layerwise = layerwise
-        self.metadata = engine_metadata(layout, model_name, len(layout.layers))
+        self.metadata = engine_metadata(layout, model_name, layer_steps or len(layout.layers))
         config = engine_config(layout.chunk_size, storage, layerwise=layerwise,
                                save_unfull_chunk=not layout.multi_group)
         connector_class = LayerwiseLayoutGPUConnector if layerwise else LayoutGPUConnector
@@ -100,13 +107,14 @@ class LayoutEngine:
     def lookup(self, tokens: list[int], search_range: list[str] | None = None) -> int:
         return self.engine.lookup(torch.tensor(tokens), search_range=search_range, request_configs=self.tags)
 
-    def wait_stored(self, tokens: list[int], expected: int, timeout: float = 30.0) -> int:
+    def wait_stored(self, tokens: list[int], expected: int, timeout: float = 30.0,
+                    search_range: list[str] | None = None) -> int:
         """Poll ``lookup`` until ``expected`` tokens are findable (disk and remote puts are asynchronous)."""
         deadline = time.monotonic() + timeout
-        found = self.lookup(tokens)
+        found = self.lookup(tokens, search_range)
         while found < expected and time.monotonic() < deadline:
             time.sleep(0.05)
-            found = self.lookup(tokens)
+            found = self.lookup(tokens, search_range)
         return found
 
     def retrieve(self, tokens: list[int], block_ids: list[torch.Tensor]) -> int:

@@ -32,7 +32,8 @@ def create_gpu_connector(config: Any, metadata: Any, engine: Any, layout_hints: 
         upstream = _UPSTREAM or _unpatched_upstream()
         if upstream is None:
             raise RuntimeError(f"no upstream CreateGPUConnector recorded for engine {engine}: import "
-                               f"{__name__} before {UPSTREAM_MODULE}.CreateGPUConnector is replaced")
+                               f"{__name__} before {UPSTREAM_MODULE}.CreateGPUConnector is replaced, "
+                               "or pass the original to remember_upstream()")
         return upstream(config, metadata, engine, layout_hints)
     if getattr(config, "enable_blending", False):
         raise ValueError("config.enable_blending is not supported by the lmcache_platforms connector")
@@ -44,6 +45,13 @@ def create_gpu_connector(config: Any, metadata: Any, engine: Any, layout_hints: 
     from lmcache_platforms.connector.paged import LayoutGPUConnector
 
     return LayoutGPUConnector(metadata, settings.kernel_backend)
+
+
+def remember_upstream(factory: Callable[..., Any]) -> None:
+    """Record upstream's factory (for activation code that imported us after the attribute was replaced)."""
+    global _UPSTREAM
+    if factory is not create_gpu_connector:
+        _UPSTREAM = factory
 
 
 # Captured when the patch registry imports us to resolve the replacement, i.e. before it swaps the attribute.

@@ -1,0 +1,24 @@
+"""One store -> wipe -> load -> compare cycle through a real LMCacheEngine, as the tests run it."""
+
+from __future__ import annotations
+
+from lmcache_platforms.connector import roundtrip
+from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.layout.kv_layout import KVLayout
+
+
+def round_trip(layout: KVLayout, num_tokens: int, storage: StorageOptions | None = None, *,
+               backend: str = "auto", layerwise: bool = False, layer_steps: int | None = None,
+               seed: int = 0) -> dict:
+    """The selftest summary of one cycle (``bit_exact``, ``rows_checked``, ``chunks_hit`` ...)."""
+    request = roundtrip.make_request(layout, num_tokens, seed)
+    storage = storage or StorageOptions(max_local_cpu_size=cache_size_gib(layout, num_tokens))
+    with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=layerwise,
+                      layer_steps=layer_steps) as engine:
+        stored = roundtrip.snapshot(layout, request)
+        engine.store(request.tokens, request.store_ids)
+        engine.wait_stored(request.tokens, request.stored_tokens)
+        roundtrip.zero_planes(layout)
+        hit = engine.retrieve(request.tokens, request.load_ids)
+        verdict = roundtrip.verify(layout, request, stored, hit)
+        return roundtrip.summary(layout, request, verdict, hit, engine.connector.binding.counters, "case")

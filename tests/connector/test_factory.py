@@ -1,0 +1,56 @@
+"""create_gpu_connector: upstream's signature; ours for vLLM (paged or layerwise), upstream's for the rest."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from lmcache.utils import EngineType
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.gpu_connector import CreateGPUConnector
+from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
+from lmcache.v1.metadata import LMCacheMetadata
+
+from lmcache_platforms.connector.factory import create_gpu_connector
+from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
+from lmcache_platforms.connector.paged import LayoutGPUConnector
+from lmcache_platforms.kernels.contract import TransferError
+
+
+def _metadata() -> LMCacheMetadata:
+    return LMCacheMetadata(model_name="m", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                           kv_dtype=torch.bfloat16, kv_shape=(4, 2, 64, 2, 64), chunk_size=64)
+
+
+def test_signature_matches_upstream() -> None:
+    ours = list(inspect.signature(create_gpu_connector).parameters)
+    assert ours == list(inspect.signature(CreateGPUConnector).parameters)
+
+
+def test_vllm_gets_the_paged_connector_with_the_configured_kernel_backend() -> None:
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64, extra_config={"platforms.kernel_backend": "torch"})
+    connector = create_gpu_connector(config, _metadata(), EngineType.VLLM)
+    assert isinstance(connector, LayoutGPUConnector)
+    assert connector.kernel_backend == "torch"
+    assert connector.binding is None and connector.store_stream is None
+    with pytest.raises(TransferError, match="no KV layout is bound to the connector yet"):
+        connector.get_shape(64)
+
+
+def test_layerwise_config_gets_the_layerwise_connector_sized_by_the_engine_layers() -> None:
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64, use_layerwise=True)
+    connector = create_gpu_connector(config, _metadata(), EngineType.VLLM)
+    assert isinstance(connector, LayerwiseLayoutGPUConnector)
+    assert connector.num_layers == 4 and connector.kernel_backend == "auto"
+
+
+def test_blending_is_refused() -> None:
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64, enable_blending=True)
+    with pytest.raises(ValueError, match="enable_blending is not supported"):
+        create_gpu_connector(config, _metadata(), EngineType.VLLM)
+
+
+def test_other_engines_go_to_upstream() -> None:
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64)
+    assert isinstance(create_gpu_connector(config, _metadata(), EngineType.MOCK), MockGPUConnector)

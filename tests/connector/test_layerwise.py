@@ -1,0 +1,33 @@
+"""The layerwise connector through LMCacheEngine.store_layer/retrieve_layer: any layout onto any step count."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions
+from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.layout import load_layout_spec, materialize
+from tests.connector.roundtrip_case import round_trip
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("name", "mode", "steps"), [
+    ("gemma3", "bundled", None),     # one step per layer
+    ("gemma3", "exploded", 4),       # 6 planes' entries onto 4 steps of unequal width
+    ("deepseek-v4-small", "bundled", 2),
+    ("mla-int8", "exploded", 1),     # one step holding every plane
+    ("llama", "bundled", 3),         # single group: the partial last chunk is stored too
+])
+def test_layerwise_round_trip_is_bit_exact(name: str, mode: str, steps: int | None) -> None:
+    spec = load_layout_spec(name)
+    layout = materialize(spec, mode, seed=5)
+    result = round_trip(layout, spec.num_tokens, layerwise=True, layer_steps=steps)
+    assert result["bit_exact"], result["problems"]
+    assert result["chunks_hit"] == result["chunks_stored"] > 0
+
+
+def test_more_engine_layers_than_layout_layers_is_refused() -> None:
+    layout = materialize(load_layout_spec("llama"), seed=0)
+    with pytest.raises(TransferError, match=r"splits chunks into 9 layers but the layout has only 4"):
+        LayoutEngine(layout, StorageOptions(max_local_cpu_size=0.02), layerwise=True, layer_steps=9)

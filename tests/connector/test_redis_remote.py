@@ -1,0 +1,49 @@
+"""Multi-group chunks stored through LMCache's Redis remote backend by one engine, loaded by a fresh one."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_platforms.connector import roundtrip
+from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.layout import load_layout_spec, materialize
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+
+@pytest.mark.parametrize(("name", "mode"), [("gemma3", "bundled"), ("deepseek-v4-small", "exploded")])
+def test_a_fresh_engine_loads_what_another_stored_in_redis(redis_url: str, name: str, mode: str) -> None:
+    spec = load_layout_spec(name)
+    layout = materialize(spec, mode, seed=11)
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=11)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, spec.num_tokens), remote_url=redis_url)
+    stored = roundtrip.snapshot(layout, request)
+    with LayoutEngine(layout, storage) as writer:
+        writer.store(request.tokens, request.store_ids)
+        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
+            request.stored_tokens
+    roundtrip.zero_planes(layout)
+
+    with LayoutEngine(layout, storage) as reader:
+        assert reader.lookup(request.tokens, search_range=["LocalCPUBackend"]) == 0
+        hit = reader.retrieve(request.tokens, request.load_ids)
+        verdict = roundtrip.verify(layout, request, stored, hit)
+        assert reader.connector.binding.counters.chunks_loaded == request.stored_tokens // layout.chunk_size
+    assert hit == request.stored_tokens > 0
+    assert verdict.bit_exact, verdict.problems
+    assert verdict.rows_checked > 0
+
+
+def test_chunks_of_another_layout_are_never_found(redis_url: str) -> None:
+    spec = load_layout_spec("deepseek-v4-small")
+    bundled = materialize(spec, "bundled", seed=1)
+    request = roundtrip.make_request(bundled, spec.num_tokens, seed=1)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(bundled, spec.num_tokens), remote_url=redis_url)
+    with LayoutEngine(bundled, storage) as writer:
+        writer.store(request.tokens, request.store_ids)
+        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) > 0
+    # Same model, same tokens, but exploded mode orders a chunk's bytes differently: it must miss.
+    with LayoutEngine(materialize(spec, "exploded", seed=1), storage) as reader:
+        assert reader.lookup(request.tokens) == 0
+    with LayoutEngine(materialize(spec, "bundled", seed=2), storage) as reader:
+        assert reader.lookup(request.tokens) == request.stored_tokens
