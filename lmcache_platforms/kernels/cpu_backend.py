@@ -1,7 +1,8 @@
-"""Native CPU transfer: one call into ``csrc/cpu/kv_transfer.c`` (C + OpenMP) per transfer group and direction.
+"""Native CPU transfer: one call into ``csrc/cpu/kv_transfer.c`` per transfer group and direction.
 
 The library is a plain C ABI loaded with ctypes (no Python headers, no torch ABI to match), built by setup.py
-as ``lmcache_platforms.kernels._cpu_transfer``. When the build failed the backend reports itself unavailable
+as ``lmcache_platforms.kernels._cpu_transfer``; it runs on the calling thread plus its own helper threads,
+as many in all as torch's intra-op thread count. When the build failed the backend reports itself unavailable
 with the reason, and the registry falls back to ``torch``.
 """
 
@@ -60,7 +61,7 @@ class CpuBackend(KernelBackend):
 
     def availability(self) -> tuple[bool, str]:
         lib, reason = load_library()
-        return (True, f"native C/OpenMP library, {torch.get_num_threads()} threads") if lib else (False, reason)
+        return (True, f"native C library, {torch.get_num_threads()} threads") if lib else (False, reason)
 
     def unsupported(self, planes: Sequence[Plane]) -> str | None:
         devices = {p.storage.device.type for p in planes if p.storage is not None}
