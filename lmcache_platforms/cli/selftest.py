@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("bundled", "exploded"), help="transfer grouping (default: settings)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the plane contents and block ids")
     parser.add_argument("--layerwise", action="store_true", help="use LMCache's layerwise store/retrieve")
-    parser.add_argument("--local-disk", metavar="DIR", help="use LMCache's local disk backend in DIR as well")
+    parser.add_argument("--local-disk", metavar="DIR",
+                        help="keep chunks in LMCache's local disk backend in DIR (no CPU cache)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
@@ -43,7 +44,7 @@ def selftest(layout_ref: str, mode: str, backend: str, seed: int = 0, layerwise:
     """Run the round trip; the result dict (raises LayoutError/ValueError/BackendUnavailable on bad input)."""
     from lmcache_platforms.config import PlatformSettings
     from lmcache_platforms.connector import roundtrip
-    from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions
+    from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
     from lmcache_platforms.layout import load_layout_spec, materialize
 
     settings = PlatformSettings.load()
@@ -51,8 +52,7 @@ def selftest(layout_ref: str, mode: str, backend: str, seed: int = 0, layerwise:
     layout = materialize(spec, mode, seed=seed, state_markers=settings.state_markers,
                          save_groups=settings.save_groups, skip_groups=settings.skip_groups)
     request = roundtrip.make_request(layout, spec.num_tokens, seed)
-    chunks = -(-spec.num_tokens // layout.chunk_size)
-    cache_gib = 2 * chunks * max(layout.chunk_bytes, 1) / 2**30 + 0.05
+    cache_gib = cache_size_gib(layout, spec.num_tokens)
     # With a disk, keep nothing in the CPU cache so the load really comes from the disk.
     storage = StorageOptions(local_cpu=local_disk is None, max_local_cpu_size=cache_gib, local_disk=local_disk,
                              max_local_disk_size=cache_gib if local_disk else 0.0)

@@ -121,8 +121,10 @@ class LayoutEngine:
         """Look up (pinning), load what hits into the planes, unpin; the number of tokens loaded."""
         request_id = f"req-{uuid.uuid4().hex[:8]}"
         # retrieve_layer releases its own pins; pinning at lookup as well would unpin twice.
-        self.engine.lookup(torch.tensor(tokens), lookup_id=request_id, pin=not self.layerwise,
-                           request_configs=self.tags)
+        found = self.engine.lookup(torch.tensor(tokens), lookup_id=request_id, pin=not self.layerwise,
+                                   request_configs=self.tags)
+        if self.layerwise and not found:
+            return 0  # LMCache 0.5.6's retrieve_layer raises UnboundLocalError when nothing hits
         kwargs = {"block_ids": block_ids, "request_configs": self.tags, "req_id": request_id}
         try:
             if self.layerwise:
