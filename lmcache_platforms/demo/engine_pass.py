@@ -96,12 +96,16 @@ def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
     latency = time.perf_counter() - t0
     after = _hit_counts(llm)
     completion = output.outputs[0]
+    stats = output.metrics
     return {
         "name": request["name"],
         "prompt_tokens": len(request["tokens"]),
         "lmcache_hit_tokens": after["lmcache"] - before["lmcache"],
         "vllm_hit_tokens": after["vllm"] - before["vllm"],
-        "ttft_s": output.metrics.first_token_latency if output.metrics is not None else None,
+        "ttft_s": stats.first_token_latency if stats is not None else None,
+        # Where the TTFT went: waiting to be scheduled (connector lookup included), then prefill incl. loading.
+        "queued_s": stats.scheduled_ts - stats.queued_ts if stats is not None else None,
+        "prefill_s": stats.first_token_ts - stats.scheduled_ts if stats is not None else None,
         "latency_s": latency,
         "tokens": list(completion.token_ids),
         "top_logits": [_top_logits(step) for step in completion.logprobs or []],
@@ -142,8 +146,9 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     for request in spec["requests"]:
         requests.append(_serve(llm, request, params))
         done = requests[-1]
-        progress(f"{done['name']}: TTFT {done['ttft_s']:.3f} s, LMCache hit {done['lmcache_hit_tokens']}"
-                 f"/{done['prompt_tokens']} tokens")
+        progress(f"{done['name']}: TTFT {done['ttft_s']:.3f} s (queued {done['queued_s']:.3f} s, prefill "
+                 f"{done['prefill_s']:.3f} s), LMCache hit {done['lmcache_hit_tokens']}/{done['prompt_tokens']} "
+                 "tokens")
     result["requests"] = requests
     result["drained_writes"] = drain_lmcache_writes()
     progress("shutting the engine down")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 from lmcache_platforms.demo.identity import Verdict, compare
@@ -13,6 +13,13 @@ def _mean_ttft(result: dict[str, Any] | None) -> float | None:
     if not result:
         return None
     return mean(r["ttft_s"] for r in result["requests"])
+
+
+def _median_ttft(result: dict[str, Any] | None) -> float | None:
+    """The headline figure: a burst from another process on a shared CPU moves a mean, seldom a median."""
+    if not result:
+        return None
+    return median(r["ttft_s"] for r in result["requests"])
 
 
 def _verdicts(outcome: Outcome) -> list[Verdict]:
@@ -27,7 +34,7 @@ def summary(run: DemoRun) -> dict[str, Any]:
     ours = run.outcomes["ours"]
     cold, warm = ours.passes["cold"], ours.passes["warm"]
     verdicts = _verdicts(ours)
-    cold_ttft, warm_ttft = _mean_ttft(cold), _mean_ttft(warm)
+    cold_ttft, warm_ttft = _median_ttft(cold), _median_ttft(warm)
     result: dict[str, Any] = {
         "model": run.model.name,
         "kv_groups": len(cold["kv_groups"]),
@@ -41,6 +48,8 @@ def summary(run: DemoRun) -> dict[str, Any]:
         "ttft_cold_s": cold_ttft,
         "ttft_warm_s": warm_ttft,
         "warm_over_cold": warm_ttft / cold_ttft if cold_ttft else None,
+        "ttft_cold_mean_s": _mean_ttft(cold),
+        "ttft_warm_mean_s": _mean_ttft(warm),
         "cores": list(run.options.resources.cores),
         "lmcache_degraded": any(m.lower() in w.lower() for p in (cold, warm) for w in p.get("warnings", [])
                                 for m in ("degraded mode", "remote connection")),
@@ -49,8 +58,8 @@ def summary(run: DemoRun) -> dict[str, Any]:
     }
     if run.options.compare:
         none, server = run.outcomes.get("none"), run.outcomes.get("server")
-        result["ttft_no_connector_s"] = _mean_ttft(none.passes.get("cold")) if none else None
-        server_warm = _mean_ttft(server.passes.get("warm")) if server else None
+        result["ttft_no_connector_s"] = _median_ttft(none.passes.get("cold")) if none else None
+        server_warm = _median_ttft(server.passes.get("warm")) if server else None
         result["ttft_warm_lmcache_server_s"] = server_warm
         result["lmcache_server_error"] = server.error.splitlines()[0] if server and server.error else None
         result["warm_over_lmcache_server"] = warm_ttft / server_warm if server_warm else None
@@ -108,9 +117,10 @@ def render(run: DemoRun) -> str:
                      "vLLM prefix hits (warm)", "warm output vs cold"], rows)
     for warning in sorted({w for result in (cold, warm) for w in result.get("warnings", [])}):
         lines.append(f"WARNING from the engine log: {warning}")
-    cold_mean, warm_mean = _mean_ttft(cold), _mean_ttft(warm)
-    lines += ["", f"mean TTFT: cold {_fmt(cold_mean)}, warm (fresh engine) {_fmt(warm_mean)}"
-              f" = {warm_mean / cold_mean:.3f}x cold"]
+    cold_median, warm_median = _median_ttft(cold), _median_ttft(warm)
+    lines += ["", f"median TTFT: cold {_fmt(cold_median)}, warm (fresh engine) {_fmt(warm_median)}"
+              f" = {warm_median / cold_median:.3f}x cold   (means: cold {_fmt(_mean_ttft(cold))}, "
+              f"warm {_fmt(_mean_ttft(warm))})"]
     if run.options.compare:
         lines += ["", *_comparison(run)]
     return "\n".join(lines)
@@ -128,7 +138,7 @@ def _comparison(run: DemoRun) -> list[str]:
             continue
         hits = sum(r["lmcache_hit_tokens"] for r in warm["requests"]) if warm else 0
         note = "no cache kept across engines" if key == "none" else (outcome.error or "").splitlines()[:1]
-        rows.append([outcome.label, _fmt(_mean_ttft(cold)), _fmt(_mean_ttft(warm)), str(hits),
+        rows.append([outcome.label, _fmt(_median_ttft(cold)), _fmt(_median_ttft(warm)), str(hits),
                      note if isinstance(note, str) else "".join(note)])
-    return _table(["configuration", "mean TTFT cold", "mean TTFT warm (fresh engine)", "hit tokens (warm)",
-                   "note"], rows)
+    return _table(["configuration", "median TTFT cold", "median TTFT warm (fresh engine)",
+                   "hit tokens (warm)", "note"], rows)
