@@ -36,20 +36,31 @@ def _impl_class() -> type[MultiGroupConnectorImpl]:
     return importlib.import_module("lmcache_platforms.integration.vllm.engine_impl").MultiGroupConnectorImpl
 
 
+_live: weakref.WeakSet[LMCachePlatformsConnector] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _shut_down_all() -> None:
+    """Workers before schedulers: a scheduler's lookup client terminates LMCache's shared ZMQ context,
+    which blocks for ever while a worker's offload server still holds a socket on it."""
+    for connector in sorted(_live, key=lambda c: c.role != KVConnectorRole.WORKER):
+        connector.shutdown()
+
+
 def _shut_down_before_threads_are_joined(connector: LMCachePlatformsConnector) -> None:
     """At interpreter exit Python joins non-daemon threads before any atexit handler (vLLM's engine
-    finalizer included) runs, so LMCache's threads kept a one-process vLLM from ever exiting. This hook
-    runs first; connectors register in creation order, so the worker's (created first) closes first."""
-    ref = weakref.ref(connector)
-
-    def shutdown() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.shutdown()
-
-    # AttributeError: no such hook in this Python; RuntimeError: the interpreter is already exiting.
-    with contextlib.suppress(AttributeError, RuntimeError):
-        threading._register_atexit(shutdown)  # type: ignore[attr-defined]
+    finalizer included) runs, so LMCache's threads kept a one-process vLLM from ever exiting; threading's
+    own pre-join hook runs first."""
+    global _exit_hook_registered
+    _live.add(connector)
+    with _exit_hook_lock:
+        if _exit_hook_registered:
+            return
+        # AttributeError: no such hook in this Python; RuntimeError: the interpreter is already exiting.
+        with contextlib.suppress(AttributeError, RuntimeError):
+            threading._register_atexit(_shut_down_all)  # type: ignore[attr-defined]
+            _exit_hook_registered = True
 
 
 class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):

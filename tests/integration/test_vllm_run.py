@@ -1,0 +1,35 @@
+"""Real vLLM (CPU, one process) with the hybrid KV-cache manager on: the second run of a prompt loads its
+prefix from LMCache through our connector and produces the same tokens; the process exits cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.vllm_stack import gpu_connector_replaced
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not gpu_connector_replaced(), reason=(
+    "the patch catalog does not replace CreateGPUConnector yet: LMCache would run degraded on CPU"))]
+
+
+def test_second_run_hits_lmcache_and_matches(tmp_path):
+    from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
+
+    model = ensure_model(TINY_MODEL)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.vllm_run", str(model)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["hma"] is True
+    assert result["groups"].count("SlidingWindowSpec") == 3 and "FullAttentionSpec" in result["groups"]
+    assert (result["chunks_stored"], result["chunks_loaded"]) == (4, 4)  # 300 tokens: 4 whole chunks of 64
+    assert result["outputs"][0] == result["outputs"][1]
+    assert not any(e["degraded"] for e in result["health"])
