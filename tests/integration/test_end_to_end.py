@@ -73,6 +73,29 @@ def test_a_prefix_stored_by_one_request_is_loaded_into_anothers_blocks(hybrid):
     assert hybrid.rows(1, [0, 1], range(32, 64)).equal(null_block)
 
 
+def test_only_what_vllm_lacks_is_loaded_after_its_own_prefix_hit(hybrid):
+    """vLLM already holds the first 64 tokens (its prefix cache): LMCache loads chunks 2 and 3 only and
+    never writes the blocks vLLM shares with other requests."""
+    prompt = PROMPT[:192] + [9] * 20
+    # blocks 0-1 of the full group are vLLM's cached prefix blocks (request a's), the rest are new
+    table = ([1, 2, 49, 50, 51, 52, 53], [0, 0, 0, 0, 54, 55, 56], [0, 0, 0, 0, 57, 58, 59], [0, 0, 0, 0, 60, 61, 62])
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    req = Request("e", prompt, SamplingParams(max_tokens=4), None)
+    hit, _ = hybrid.scheduler.get_num_new_matched_tokens(req, 64)
+    assert hit == 128
+    hybrid.scheduler.update_state_after_alloc(req, None, hit)
+    req.num_computed_tokens = 64 + hit
+    step = output([NewRequestData.from_request(req, table)], {"e": len(prompt) - 192}, sync_loads=True)
+    loaded_before = hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_loaded
+    prefix_before = hybrid.rows(0, TABLE_A[0], range(64))
+    hybrid.step(step, {})
+    assert hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_loaded == loaded_before + 2
+    assert hybrid.rows(0, table[0], range(64, 192)).equal(hybrid.rows(0, TABLE_A[0], range(64, 192)))
+    assert hybrid.rows(0, TABLE_A[0], range(64)).equal(prefix_before)
+
+
 def test_a_short_load_with_several_groups_stops_instead_of_decoding_garbage(hybrid):
     prompt = PROMPT[:192] + [7] * 10
     hit, step = admit(hybrid, "c", prompt, TABLE_B)
@@ -85,3 +108,4 @@ def test_a_short_load_with_several_groups_stops_instead_of_decoding_garbage(hybr
     with pytest.raises(RuntimeError, match=r"request c: LMCache could not load tokens \[128, 192\)") as error:
         hybrid.step(step, {})
     assert type(error.value).__name__ == "MultiGroupLoadError"
+
