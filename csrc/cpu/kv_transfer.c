@@ -2,9 +2,9 @@
  * Native CPU transfer between paged KV planes and one contiguous chunk buffer.
  *
  * One call moves a whole transfer group in one direction: every (plane, row) pair is an independent work
- * item. Rows whose bytes follow the previous row's bytes in the plane (same or physically adjacent block,
- * payload without gaps) are merged into one memcpy by the item that starts the run, so NHD layouts copy
- * whole blocks at a time. Plain C ABI: loaded with ctypes, no Python headers.
+ * item. Consecutive slots whose payloads are adjacent in the plane (same block, or the next block when
+ * blocks are unpadded) form a run moved with one memcpy, so NHD layouts copy whole blocks at a time.
+ * Plain C ABI: loaded with ctypes, no Python headers.
  *
  * Parallelism: a small pthread pool where the calling thread starts at once and helpers join when they get
  * a CPU, taking items from a shared counter; the caller waits only for helpers that joined. An OpenMP
@@ -44,16 +44,6 @@ static inline uint8_t *row_address(const lmcp_plane *p, int64_t slot) {
 
 static inline int payload_is_dense(const lmcp_plane *p) {
     return p->segments == 1 || p->segment_stride == p->segment_bytes;
-}
-
-/*
- * True when row r continues the run row r-1 is in: consecutive slots whose payloads are adjacent in the
- * plane (same block, or the next block when blocks are unpadded). Runs are maximal chains of this relation,
- * so every thread finds the same runs whichever row it starts from.
- */
-static inline int continues_run(const lmcp_plane *p, const int64_t *slots, int64_t r) {
-    if (r == 0 || slots[r - 1] < 0 || slots[r] != slots[r - 1] + 1) return 0;
-    return row_address(p, slots[r]) == row_address(p, slots[r - 1]) + p->row_bytes;
 }
 
 static void copy_segments(const lmcp_plane *p, uint8_t *plane_row, uint8_t *buf_row, int direction) {
@@ -104,9 +94,9 @@ static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t byt
 }
 
 /*
- * Moves rows [first, last) of one plane. A run starting in that range is copied whole even past `last`;
- * a run that started before `first` is skipped, as the thread that owns its first row copies it.
- * Within a run the next address is stepped, not divided out, so long runs cost one division.
+ * Moves rows [first, last) of one plane, one memcpy per run of adjacent rows (a run is cut at `last`, so a
+ * long run is shared by the threads whose ranges it crosses). Within a run the next address is stepped,
+ * not divided out, so a run costs one division.
  */
 static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
                       uint8_t *buffer, int direction) {
@@ -120,7 +110,6 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
     const int64_t ahead = p->row_bytes < LMCP_PREFETCH_BYTES ? LMCP_PREFETCH_BYTES / p->row_bytes : 1;
     int64_t prefetched = 0;
     int64_t r = first;
-    while (r < last && continues_run(p, slots, r)) ++r;
     while (r < last) {
         const int64_t slot = slots[r];
         if (slot < 0) {
@@ -131,7 +120,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
         uint8_t *start = (uint8_t *)(intptr_t)(p->base + block * p->block_stride + row * p->row_stride);
         uint8_t *next = start + p->row_bytes;
         int64_t end = r + 1;
-        while (end < num_rows && slots[end] == slots[end - 1] + 1) {
+        while (end < last && slots[end] == slots[end - 1] + 1) {
             if (++row == p->rows_per_block) row = 0, ++block;
             if ((uint8_t *)(intptr_t)(p->base + block * p->block_stride + row * p->row_stride) != next) break;
             next += p->row_bytes;
