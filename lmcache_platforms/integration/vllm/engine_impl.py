@@ -95,15 +95,14 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if not kv_caches:
             raise ValueError("register_kv_caches got no KV caches")
         if self.plan.saved and self.lmcache_engine is not None:  # degraded mode moves nothing
-            self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
-                                       vllm_hint_for(self._vllm_config), self._num_blocks)
-            self._attach_layout()
+            self._attach_layout(kv_caches)
         self.kv_caches = kv_caches
         self._manager.post_init()
         health.record(self._role_name, "post_init", self._manager)
 
-    def _attach_layout(self) -> None:
-        """Bind the layout to our GPU connector; its key tags then go into every store, load and lookup."""
+    def _attach_layout(self, kv_caches: dict[str, Any]) -> None:
+        """Bind the caches' layout to our GPU connector; its key tags then go into every store, load and
+        lookup. Upstream's connector (lmcache_platforms not activated) can only serve a single group."""
         engine = self.lmcache_engine
         connector = engine.gpu_connector
         if not hasattr(connector, "bind"):
@@ -114,6 +113,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             logger.warning("LMCache's GPU connector %s is upstream's: single-group transfers only",
                            type(connector).__name__)
             return
+        self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
+                                   vllm_hint_for(self._vllm_config), self._num_blocks)
         connector.bind(self.layout)
         self._key_tags = dict(connector.binding.key_tags)
         tag_engine_lookups(engine, self._key_tags)
