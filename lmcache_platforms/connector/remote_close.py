@@ -2,10 +2,9 @@
 
 Their ``async close()`` runs on the executor's own event loop and calls the blocking
 ``AsyncPQExecutor.shutdown()``, which submits a coroutine to that same loop and waits for it: a deadlock, so
-``LMCacheEngineBuilder.destroy`` hangs forever once a ``remote_url`` is configured. (Even run on the loop,
-upstream's ``shutdown_async(wait=True)`` cancels the workers before joining the queue they would have
-drained, so it cannot finish either.) Called from the loop, this version hands back a coroutine that stops
-the workers without waiting for the queue; from any other thread it behaves as upstream's.
+``LMCacheEngineBuilder.destroy`` hangs forever once a ``remote_url`` is configured. Called from its own
+loop, this version hands back upstream's ``shutdown_async`` coroutine for the caller to await; from any
+other thread it blocks as upstream's does.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def pq_executor_shutdown(self: Any, wait: bool = True) -> Coroutine[Any, Any, No
     except RuntimeError:
         running = None
     if running is self.loop:
-        return self.shutdown_async(wait=False)
+        return self.shutdown_async(wait)
     future = asyncio.run_coroutine_threadsafe(self.shutdown_async(wait), self.loop)
     if wait:
         future.result()
