@@ -138,6 +138,21 @@ def status() -> dict[str, Any]:
         return _state.as_dict()
 
 
+def ensure_patched() -> Activation:
+    """For code that relies on the patches (building our connector): activate if needed, apply patches whose
+    modules finished importing meanwhile, and refuse to run on unpatched upstream."""
+    state = activate()
+    if state.disabled:
+        raise RuntimeError(f"lmcache_platforms is disabled ({DISABLE_ENV}=1), so its connector cannot run: "
+                           f"unset {DISABLE_ENV} or configure another connector")
+    assert state.registry is not None
+    state.registry.retry()
+    if state.registry.failed:
+        reasons = "; ".join(f"{r.patch.target}: {r.detail}" for r in state.registry.failed)
+        raise RuntimeError(f"lmcache_platforms patches failed, nothing is patched: {reasons}")
+    return state
+
+
 def vllm_plugin() -> None:
     """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts."""
     import lmcache_platforms  # noqa: F401 - importing the package is the activation

@@ -78,3 +78,21 @@ def test_lmcache_device_backend_is_chosen_only_where_we_add_a_spec():
     environ["LMCACHE_DEVICE_BACKEND"] = "user_choice"
     activation._select_lmcache_device_backend("lmcache_platforms_npu", environ)
     assert environ == {"LMCACHE_DEVICE_BACKEND": "user_choice"}
+
+
+def test_connector_code_refuses_to_run_when_disabled():
+    code = ("from lmcache_platforms.activation import ensure_patched\n"
+            "try:\n    ensure_patched()\nexcept RuntimeError as exc:\n    print(exc)\n")
+    assert _fresh(code, LMCACHE_PLATFORMS_DISABLE="1") == (
+        "lmcache_platforms is disabled (LMCACHE_PLATFORMS_DISABLE=1), so its connector cannot run: "
+        "unset LMCACHE_PLATFORMS_DISABLE or configure another connector")
+
+
+def test_ensure_patched_applies_the_catalog_for_imported_upstream():
+    state = activation.ensure_patched()
+    import lmcache.integration.vllm.lmcache_connector_v1 as upstream_connector
+
+    from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
+
+    assert activation.ensure_patched() is state
+    assert upstream_connector.LMCacheConnectorV1Impl is MultiGroupConnectorImpl

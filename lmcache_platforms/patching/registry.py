@@ -19,7 +19,7 @@ from typing import Any
 import wrapt
 
 from lmcache_platforms.log import init_logger
-from lmcache_platforms.patching.patch import Patch, resolve, resolve_owner
+from lmcache_platforms.patching.patch import Patch, resolve, resolve_owner, split_ref
 from lmcache_platforms.patching.versions import (
     UnsupportedUpstreamVersion,
     check_version,
@@ -52,6 +52,15 @@ class PatchRecord:
     def as_dict(self) -> dict[str, Any]:
         return {"target": self.patch.target, "applied": self.state is PatchState.APPLIED,
                 "state": self.state.value, "detail": self.detail}
+
+
+def _finished(name: str, just_imported: str | None) -> bool:
+    """True when module ``name`` is imported and done running its code (the one whose import hook is firing
+    counts as done; CPython marks a module still executing through ``__spec__._initializing``)."""
+    if name == just_imported:
+        return True
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
 def _installed(module: str) -> bool:
@@ -119,16 +128,38 @@ class PatchRegistry:
             wrapt.register_post_import_hook(self._on_import, module)
 
     def _on_import(self, module: ModuleType) -> None:
-        """Post-import hook: patch every pending target in ``module``, or rebind stale copies in it."""
+        """Post-import hook: patch what became ready, and rebind stale copies held by ``module``."""
         with self._lock:
             if not self._active:
                 return
-            batch = [r for r in self.records if r.state is PatchState.PENDING and r.patch.module == module.__name__]
-            if batch:
-                self._apply_batch(batch)
+            self._apply_ready(module.__name__)
             for record in self.records:
                 if record.state is PatchState.APPLIED and module.__name__ in record.patch.stale_copies:
                     self._rebind(record, module)
+
+    def retry(self) -> None:
+        """Apply pending patches whose modules have finished importing since their hook fired."""
+        with self._lock:
+            if self._active:
+                self._apply_ready(None)
+
+    def _apply_ready(self, just_imported: str | None) -> None:
+        """Patch, as one batch, every pending target whose module and replacement module are complete.
+
+        A replacement module still running its own code (it imported the target, whose hook fired
+        mid-way) is waited for: its class may not exist yet. The next hook or ``retry`` applies it.
+        """
+        batch = []
+        for record in self.records:
+            if record.state is not PatchState.PENDING or not _finished(record.patch.module, just_imported):
+                continue
+            replacement_module = split_ref(record.patch.replacement)[0]
+            if replacement_module in sys.modules and not _finished(replacement_module, just_imported):
+                record.detail = f"waiting for {replacement_module} to finish importing"
+                continue
+            batch.append(record)
+        if batch:
+            self._apply_batch(batch)
 
     def _apply_batch(self, batch: Sequence[PatchRecord]) -> None:
         for record in batch:
@@ -182,6 +213,7 @@ class PatchRegistry:
                     record.detail = reason
 
     def report(self) -> list[dict[str, Any]]:
+        self.retry()
         with self._lock:
             return [r.as_dict() for r in self.records]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pathlib
 import sys
 import textwrap
 import threading
@@ -164,3 +165,24 @@ def test_class_member_wrapper_patch_and_rollback(modules):
 def test_class_member_cannot_declare_stale_copies():
     with pytest.raises(ValueError, match="a class member has no from-import copies"):
         Patch(target="a:B.c", replacement="d:e", versions="lmcache==0.5.6", stale_copies=("x",))
+
+
+def test_replacement_module_that_imports_its_target_is_waited_for(modules):
+    """ours2 imports the target at its top: the target's hook fires while ours2 has no class yet."""
+    pkg = modules
+    folder = pathlib.Path(importlib.import_module(pkg).__file__).parent
+    (folder / "ours2.py").write_text(f"from {pkg}.target import thing as _upstream\n\ndef thing():\n"
+                                     "    return 'ours2 over ' + _upstream()\n")
+    patch = Patch(target=f"{pkg}.target:thing", replacement=f"{pkg}.ours2:thing", versions="lmcache>=0",
+                  stale_copies=(f"{pkg}.user",))
+    registry = PatchRegistry([patch])
+    registry.apply()
+    ours2 = importlib.import_module(f"{pkg}.ours2")
+    assert registry.records[0].state is PatchState.PENDING
+    assert registry.records[0].detail == f"waiting for {pkg}.ours2 to finish importing"
+    registry.retry()
+    target = sys.modules[f"{pkg}.target"]
+    assert registry.records[0].state is PatchState.APPLIED, registry.records[0].detail
+    assert target.thing is ours2.thing and target.thing() == "ours2 over upstream"
+    assert importlib.import_module(f"{pkg}.user").thing is ours2.thing
+    registry.rollback()

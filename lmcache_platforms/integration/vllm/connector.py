@@ -23,6 +23,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from lmcache_platforms.activation import ensure_patched
+
 if TYPE_CHECKING:
     from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
 
@@ -68,7 +70,9 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self._impl = _impl_class()(vllm_config, role, self)
+        impl_class = _impl_class()
+        ensure_patched()
+        self._impl = impl_class(vllm_config, role, self)
         self._shut_down = False
         _shut_down_before_threads_are_joined(self)
 
