@@ -6,10 +6,10 @@ Importing the package activates it (see ``activation``); ``LMCACHE_PLATFORMS_DIS
 
 from __future__ import annotations
 
-from lmcache_platforms.activation import activate, status
+from lmcache_platforms.activation import activate, ensure_patched, status
 from lmcache_platforms.log import init_logger
 
-__all__ = ["activate", "status"]
+__all__ = ["activate", "ensure_patched", "status"]
 __version__ = "0.1.0"
 
 try:

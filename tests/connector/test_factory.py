@@ -1,18 +1,19 @@
-"""create_gpu_connector: upstream's signature; ours for vLLM (paged or layerwise), upstream's for the rest."""
+"""The CreateGPUConnector that LMCache callers see once activated: upstream's signature; ours for vLLM (paged
+or layerwise), upstream's for the rest."""
 
 from __future__ import annotations
 
 import inspect
 
+import lmcache.v1.gpu_connector as upstream_module
 import pytest
 import torch
 from lmcache.utils import EngineType
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.gpu_connector import CreateGPUConnector
 from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
 from lmcache.v1.metadata import LMCacheMetadata
 
-from lmcache_platforms.connector.factory import create_gpu_connector
+import lmcache_platforms
 from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.kernels.contract import TransferError
@@ -23,9 +24,14 @@ def _metadata() -> LMCacheMetadata:
                            kv_dtype=torch.bfloat16, kv_shape=(4, 2, 64, 2, 64), chunk_size=64)
 
 
+lmcache_platforms.ensure_patched()
+create_gpu_connector = upstream_module.CreateGPUConnector
+
+
 def test_signature_matches_upstream() -> None:
+    assert create_gpu_connector.__module__ == "lmcache_platforms.connector.factory"
     ours = list(inspect.signature(create_gpu_connector).parameters)
-    assert ours == list(inspect.signature(CreateGPUConnector).parameters)
+    assert ours == list(inspect.signature(create_gpu_connector.upstream).parameters)
 
 
 def test_vllm_gets_the_paged_connector_with_the_configured_kernel_backend() -> None:
