@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* Must match lmcache_platforms/kernels/plane_table.py (nine int64 fields per plane). */
 typedef struct {
@@ -184,13 +185,48 @@ static struct {
 static pthread_mutex_t submit = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/*
+ * After a job a helper keeps watching for the next one for a short while before it sleeps: transfers come
+ * in bursts (one call per transfer group and chunk), and a sleeping helper often wakes too late to help.
+ */
+#define LMCP_SPIN_NS 100000
+
+static atomic_uint_fast64_t published; /* pool.generation, readable without the lock */
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void watch_for_job(uint64_t seen) {
+    const int64_t until = now_ns() + LMCP_SPIN_NS;
+    for (unsigned i = 1;; ++i) {
+        if (atomic_load_explicit(&published, memory_order_relaxed) != seen) return;
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > until) return;
+    }
+}
+
+static int job_for(uint64_t seen) { return pool.job != NULL && pool.generation != seen && pool.wanted > 0; }
+
 static void *helper_main(void *unused) {
     (void)unused;
     uint64_t seen = 0;
     pthread_mutex_lock(&pool.lock);
     for (;;) {
-        while (pool.job == NULL || pool.generation == seen || pool.wanted == 0)
-            pthread_cond_wait(&pool.wake, &pool.lock);
+        if (!job_for(seen)) {
+            pthread_mutex_unlock(&pool.lock);
+            watch_for_job(seen);
+            pthread_mutex_lock(&pool.lock);
+            while (!job_for(seen)) pthread_cond_wait(&pool.wake, &pool.lock);
+        }
         seen = pool.generation;
         pool.wanted--;
         pool.active++;
@@ -240,6 +276,7 @@ static void run_job(lmcp_job *job, int threads) {
     start_helpers(helpers);
     pool.job = job;
     pool.generation++;
+    atomic_store_explicit(&published, pool.generation, memory_order_relaxed);
     pool.wanted = helpers < pool.started ? helpers : pool.started;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);

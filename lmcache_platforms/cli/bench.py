@@ -54,6 +54,11 @@ def _synchronizer(device) -> Callable[[], None]:
     return sync if callable(sync) else (lambda: None)
 
 
+# Pause before each timed work: torch's OpenMP threads keep spinning for milliseconds after a parallel
+# region, and on a small machine they would steal the CPU from whatever is timed next.
+SETTLE_SECONDS = 0.005
+
+
 def _best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], None], repeats: int) -> dict:
     """Best seconds of each work, timed in interleaved rounds after one warm-up round.
 
@@ -64,6 +69,7 @@ def _best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], Non
     for round_index in range(repeats + 1):
         for name, work in works.items():
             sync()
+            time.sleep(SETTLE_SECONDS)
             start = time.perf_counter()
             work()
             sync()
