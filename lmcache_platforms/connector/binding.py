@@ -62,12 +62,12 @@ class LayoutBinding:
         self.fingerprint = layout_fingerprint(self.formats)
         self.streams = TransferStreams(platform_for(self.device))
         self.scratch = {d: Scratch(self.device) for d in Direction} if self.device.type != "cpu" else {}
-        self._backends: dict[tuple, KernelBackend] = {}
-        for fmt in self.formats:
-            for launch in fmt.launches:
-                key = launch.planes
-                if key not in self._backends:
-                    self._backends[key] = select_backend(launch.planes, self.device, kernel_backend)
+        # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
+        # would cost more than the lookup saves.
+        self._backends: dict[int, KernelBackend] = {
+            id(launch.planes): select_backend(launch.planes, self.device, kernel_backend)
+            for fmt in self.formats for launch in fmt.launches
+        }
         self.counters = TransferCounters()
 
     @property
@@ -88,7 +88,7 @@ class LayoutBinding:
         """Planes -> ``host`` (the MemoryObj's bytes); call inside ``streams.storing()``."""
         target = host if not self.scratch else self.scratch[Direction.STORE].get(fmt.payload_bytes)
         for launch in fmt.launches:
-            backend = self._backends[launch.planes]
+            backend = self._backends[id(launch.planes)]
             region = target[launch.offset : launch.offset + launch.nbytes]
             backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.STORE)
             self.counters.launches += 1
@@ -104,7 +104,7 @@ class LayoutBinding:
             source = self.scratch[Direction.LOAD].get(fmt.payload_bytes)
             source.copy_(host[: fmt.payload_bytes], non_blocking=True)
         for launch in fmt.launches:
-            backend = self._backends[launch.planes]
+            backend = self._backends[id(launch.planes)]
             region = source[launch.offset : launch.offset + launch.nbytes]
             backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.LOAD)
             self.counters.launches += 1

@@ -69,7 +69,8 @@ def _fingerprint(chunk_size: int, launches: Sequence[Launch]) -> str:
     for launch in launches:
         digest.update(f"|{launch.tg.group}:{launch.tg.rows_per_chunk}:{launch.offset}".encode())
         for p in launch.planes:
-            digest.update(f";{p.layer}/{p.name}:{p.row_bytes}:{p.dtype}".encode())
+            g = p.geometry
+            digest.update(f";{p.layer}/{p.name}:{g.segments}x{g.segment_bytes}:{p.dtype}".encode())
     return digest.hexdigest()[:16]
 
 
