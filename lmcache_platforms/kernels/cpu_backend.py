@@ -80,7 +80,7 @@ class CpuBackend(KernelBackend):
             raise TransferError(f"the cpu backend is unavailable: {reason}")
         if not planes:
             validate_transfer(planes, slots, buffer)
-        entry = self._tables[direction].get(planes)
+        entry = self._tables[direction].entry(planes)
         if entry.device.type != "cpu" or buffer.device.type != "cpu":
             raise TransferError(
                 f"the cpu backend needs host tensors, got planes on {entry.device} and the buffer on {buffer.device}"

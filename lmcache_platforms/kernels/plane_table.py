@@ -134,8 +134,12 @@ class TableCache:
         self._recent: OrderedDict[tuple[int, str], tuple[Sequence[Plane], PlaneTable]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, planes: Sequence[Plane], device: torch.device | None = None) -> PlaneTable:
-        """The table of ``planes`` with its table tensor on ``device`` (CPU when None)."""
+    def get(self, planes: Sequence[Plane], device: torch.device | None = None) -> torch.Tensor:
+        """The int64 ``[P, 9]`` table tensor of ``planes`` on ``device`` (CPU when None)."""
+        return self.entry(planes, device).table
+
+    def entry(self, planes: Sequence[Plane], device: torch.device | None = None) -> PlaneTable:
+        """The table of ``planes`` (tensor on ``device``, CPU when None) with its quick validation."""
         fast_key = (id(planes), str(device))
         with self._lock:
             hit = self._recent.get(fast_key)

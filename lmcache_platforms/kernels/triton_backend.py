@@ -135,7 +135,7 @@ class TritonBackend(KernelBackend):
             raise TransferError(reason)
         if buffer.device != device:
             raise TransferError(f"the triton backend needs the buffer on {device}, got {buffer.device}")
-        entry = self._tables[direction].get(planes, device)
+        entry = self._tables[direction].entry(planes, device)
         entry.validate(planes, slots, buffer)
         rows = slots.shape[-1]
         if rows == 0:
