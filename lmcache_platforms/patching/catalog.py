@@ -39,6 +39,13 @@ PATCHES: tuple[Patch, ...] = (
             "the process at shutdown when vLLM runs in one process (the usual CPU set-up)",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.job_executor.pq_executor:AsyncPQExecutor.shutdown",
+        replacement="lmcache_platforms.connector.remote_close:pq_executor_shutdown",
+        versions=LMCACHE,
+        why="remote backends (Redis, S3, ...) await shutdown() from their executor's own loop while it blocks on "
+            "that loop, so destroying an engine with a remote_url hangs for ever",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,

@@ -32,14 +32,16 @@ def _answers_ping(port: int) -> bool:
 
 
 @pytest.fixture
-def closable_remote_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """LMCache 0.5.6's remote backends deadlock on close; apply our fix (see connector.remote_close) unless
-    activation already did, so engines with a ``remote_url`` can be destroyed."""
-    from lmcache.v1.storage_backend.job_executor.pq_executor import AsyncPQExecutor
+def closable_remote_backends() -> None:
+    """LMCache 0.5.6's remote backends deadlock on close; the patch catalog fixes it (connector.remote_close)
+    once activation has run and LMCache's executor module is imported."""
+    import lmcache.v1.storage_backend.job_executor.pq_executor as pq_executor
 
+    from lmcache_platforms import ensure_patched
     from lmcache_platforms.connector.remote_close import pq_executor_shutdown
 
-    monkeypatch.setattr(AsyncPQExecutor, "shutdown", pq_executor_shutdown)
+    ensure_patched()
+    assert pq_executor.AsyncPQExecutor.shutdown is pq_executor_shutdown
 
 
 @pytest.fixture
