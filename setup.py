@@ -33,8 +33,8 @@ class OptionalBuildExt(build_ext):
 cpu_kernels = Extension(
     "lmcache_platforms.kernels._cpu_transfer",
     sources=["csrc/cpu/kv_transfer.c"],
-    extra_compile_args=["-O3", "-fopenmp", "-std=c11"],
-    extra_link_args=["-fopenmp"],
+    extra_compile_args=["-O3", "-std=c11", "-pthread"],
+    extra_link_args=["-pthread"],
 )
 
 setup(
