@@ -34,7 +34,7 @@ class Request:
 FIRST_ORDINARY_TOKEN = 16
 
 # 2,048-token shared-plus-own prefix per request; questions shorter than one 32-token block.
-DEMO_WORKLOAD = WorkloadSpec(requests=4, system_tokens=512, document_tokens=1536, question_tokens=(8, 31),
+DEMO_WORKLOAD = WorkloadSpec(requests=6, system_tokens=512, document_tokens=1536, question_tokens=(8, 31),
                              max_tokens=16)
 TINY_WORKLOAD = WorkloadSpec(requests=3, system_tokens=64, document_tokens=192, question_tokens=(4, 20),
                              max_tokens=8)
