@@ -103,11 +103,19 @@ def _failure(what: str, log_path: Path) -> PassFailed:
     return PassFailed(f"{what}{': ' + error if error else ''}\nlog {log_path}:\n{_log_tail(log_path)}")
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    """Kill the process group the child leads (it and anything it started), then reap the child."""
+def _kill_group(process: subprocess.Popen, settle_s: float = 5.0) -> None:
+    """Kill the process group the child leads (it and anything it started), reap the child, and wait (boundedly)
+    until the group is gone: SIGKILL is asynchronous, and a caller checking for strays must not see the dying."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 @dataclass
