@@ -23,16 +23,8 @@ from lmcache_platforms.demo.scenario import (
     run_demo,
 )
 from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
-from lmcache_platforms.patching.catalog import PATCHES
 
 pytestmark = pytest.mark.slow
-
-# Without our CreateGPUConnector in the patch catalog, LMCache finds no CPU connector and runs degraded (0 hits).
-CONNECTOR_FACTORY_WIRED = any(p.target.endswith(":CreateGPUConnector") for p in PATCHES)
-needs_connector_factory = pytest.mark.xfail(
-    not CONNECTOR_FACTORY_WIRED, strict=True,
-    reason="lmcache_platforms.connector.factory is not in the patch catalog yet: LMCache runs degraded on CPU",
-)
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -62,7 +54,6 @@ def tiny_run(models: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     return run
 
 
-@needs_connector_factory
 def test_warm_pass_hits_lmcache_with_identical_tokens_on_a_hybrid_model(tiny_run: DemoRun) -> None:
     result = summary(tiny_run)
     cold, warm = tiny_run.outcomes["ours"].passes["cold"], tiny_run.outcomes["ours"].passes["warm"]
