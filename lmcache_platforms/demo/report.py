@@ -137,8 +137,10 @@ def _comparison(run: DemoRun) -> list[str]:
             rows.append([outcome.label, "-", "-", "-", "could not run: " + outcome.error.splitlines()[0]])
             continue
         hits = sum(r["lmcache_hit_tokens"] for r in warm["requests"]) if warm else 0
-        note = "no cache kept across engines" if key == "none" else (outcome.error or "").splitlines()[:1]
-        rows.append([outcome.label, _fmt(_median_ttft(cold)), _fmt(_median_ttft(warm)), str(hits),
-                     note if isinstance(note, str) else "".join(note)])
+        if key == "none":
+            note = "nothing is kept across engines: warm = cold"
+        else:
+            note = outcome.error.splitlines()[0] if outcome.error else ""
+        rows.append([outcome.label, _fmt(_median_ttft(cold)), _fmt(_median_ttft(warm)), str(hits), note])
     return _table(["configuration", "median TTFT cold", "median TTFT warm (fresh engine)",
                    "hit tokens (warm)", "note"], rows)
