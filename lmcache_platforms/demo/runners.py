@@ -248,6 +248,9 @@ class LMCacheServer:
             return False
 
     def __enter__(self) -> LMCacheServer:
+        script = self.command()[0]
+        if not Path(script).is_file():
+            raise PassFailed(f"lmcache server cannot run: LMCache's command-line tool is not at {script}")
         env = base_env(self.resources)
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from lmcache_platforms.demo.runners import PassFailed, PassRunner, Resources, base_env, free_port
+from lmcache_platforms.demo.runners import (
+    LMCacheServer,
+    PassFailed,
+    PassRunner,
+    Resources,
+    base_env,
+    free_port,
+)
 
 STUB = "tests.demo.stub_pass"
 
@@ -70,3 +78,10 @@ def test_passes_get_one_process_per_engine_stable_hashing_and_explicit_cores() -
 
 def test_free_ports_are_usable_tcp_ports() -> None:
     assert 0 < free_port() < 65536
+
+
+def test_a_missing_lmcache_cli_is_a_clear_server_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    server = LMCacheServer(tmp_path, Resources.available(), chunk_size=32)
+    with pytest.raises(PassFailed, match=r"lmcache server cannot run: LMCache's command-line tool is not at "):
+        server.__enter__()
