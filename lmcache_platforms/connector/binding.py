@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -109,3 +110,27 @@ class LayoutBinding:
             backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.LOAD)
             self.counters.launches += 1
             self.counters.backends.add(backend.name)
+
+
+class BoundLayoutMixin:
+    """What both connectors (paged, layerwise) share: the binding made at ``bind`` and its streams."""
+
+    binding: LayoutBinding | None
+    connector_kind = "connector"
+
+    @property
+    def store_stream(self) -> Any:
+        """The device stream stores run on (None on CPU or before ``bind``)."""
+        return self.binding.streams.store_stream if self.binding is not None else None
+
+    @property
+    def load_stream(self) -> Any:
+        """The device stream loads run on (None on CPU or before ``bind``)."""
+        return self.binding.streams.load_stream if self.binding is not None else None
+
+    def _bound(self) -> LayoutBinding:
+        if self.binding is None:
+            raise TransferError(f"no KV layout is bound to the {self.connector_kind} yet: call bind(layout) when "
+                                "the KV caches are registered, before the first store or retrieve")
+        return self.binding
+

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemLayerwiseGPUConnector
 
-from lmcache_platforms.connector.binding import LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.chunk_format import ChunkFormat, step_formats
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
@@ -30,9 +30,11 @@ from lmcache_platforms.log import init_logger
 logger = init_logger(__name__)
 
 
-class LayerwiseLayoutGPUConnector(VLLMPagedMemLayerwiseGPUConnector):
+class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConnector):
     """Layerwise connector; it subclasses upstream's only because LMCacheEngine admits layerwise connectors
     by ``isinstance`` (``assert_layerwise_gpu_connector``). None of the parent's code or state is used."""
+
+    connector_kind = "layerwise connector"
 
     def __init__(self, metadata: Any, kernel_backend: str = "auto") -> None:
         self.metadata = metadata
@@ -52,20 +54,6 @@ class LayerwiseLayoutGPUConnector(VLLMPagedMemLayerwiseGPUConnector):
         describe_chunks(self.metadata, self.formats[0])
         logger.info("bound layout layerwise: %d steps of %d bytes, kernels %s, key tag %s", self.num_layers,
                     self.formats[0].nbytes, ",".join(self.binding.backend_names), self.binding.fingerprint)
-
-    @property
-    def store_stream(self) -> Any:
-        return self.binding.streams.store_stream if self.binding is not None else None
-
-    @property
-    def load_stream(self) -> Any:
-        return self.binding.streams.load_stream if self.binding is not None else None
-
-    def _bound(self) -> LayoutBinding:
-        if self.binding is None:
-            raise TransferError("no KV layout is bound to the layerwise connector yet: call bind(layout) when "
-                                "the KV caches are registered, before the first store or retrieve")
-        return self.binding
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         self._bound()

@@ -13,18 +13,17 @@ from typing import Any
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from lmcache_platforms.connector.binding import LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
-from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
 
 
-class LayoutGPUConnector(GPUConnectorInterface):
+class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
     """Paged (non-layerwise) connector over a KVLayout and the kernel backends the registry picks."""
 
     def __init__(self, metadata: Any = None, kernel_backend: str = "auto") -> None:
@@ -46,22 +45,6 @@ class LayoutGPUConnector(GPUConnectorInterface):
             len(layout.transfer_groups), fmt.payload_bytes, layout.mode, ",".join(self.binding.backend_names),
             self.binding.fingerprint,
         )
-
-    @property
-    def store_stream(self) -> Any:
-        """The device stream stores run on (None on CPU or before ``bind``)."""
-        return self.binding.streams.store_stream if self.binding is not None else None
-
-    @property
-    def load_stream(self) -> Any:
-        """The device stream loads run on (None on CPU or before ``bind``)."""
-        return self.binding.streams.load_stream if self.binding is not None else None
-
-    def _bound(self) -> LayoutBinding:
-        if self.binding is None:
-            raise TransferError("no KV layout is bound to the connector yet: call bind(layout) when the KV "
-                                "caches are registered, before the first store or retrieve")
-        return self.binding
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         self._bound()
