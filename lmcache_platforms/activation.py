@@ -153,6 +153,12 @@ def ensure_patched() -> Activation:
     return state
 
 
+def current_registry() -> PatchRegistry | None:
+    """The patch registry of this process's activation (None before activation or when disabled)."""
+    with _lock:
+        return _state.registry if _state is not None else None
+
+
 def vllm_plugin() -> None:
     """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts."""
     import lmcache_platforms  # noqa: F401 - importing the package is the activation

@@ -1,5 +1,8 @@
 """Report what is installed, which patches are applied, which kernel backends and platforms are usable.
 
+Doctor imports every upstream module the patch catalog targets (LMCache, vLLM: a few seconds), so each
+patch is really applied, or fails, in this process and vLLM's connector factory shows our names.
+
 Exit 1, with the reason, when activation failed, an applicable patch failed, or an LMCache engine of this
 process runs in upstream's silent "degraded mode" (``lmcache_platforms.status()`` carries the same)."""
 
@@ -33,6 +36,9 @@ def collect() -> dict[str, Any]:
     from lmcache_platforms.patching.versions import installed_version
     from lmcache_platforms.platforms.detect import describe_platforms
 
+    registry = lmcache_platforms.activation.current_registry()
+    if registry is not None:
+        registry.import_targets()
     state = lmcache_platforms.status()
     versions: dict[str, str | None] = {"python": pyplatform.python_version()}
     versions.update({key: installed_version(name) for key, name in VERSIONED.items()})

@@ -8,6 +8,7 @@ half-applied. Stale ``from X import Y`` copies are rebound with the target, also
 from __future__ import annotations
 
 import enum
+import importlib
 import importlib.util
 import sys
 import threading
@@ -136,6 +137,22 @@ class PatchRegistry:
             for record in self.records:
                 if record.state is PatchState.APPLIED and module.__name__ in record.patch.stale_copies:
                     self._rebind(record, module)
+
+    def import_targets(self) -> None:
+        """Import every pending target module now, so each patch is applied or fails here and not first in a
+        serving process (``doctor``). A target that cannot be imported fails its patch like any other error."""
+        for record in self.records:
+            if record.state is not PatchState.PENDING:
+                continue
+            try:
+                importlib.import_module(record.patch.module)
+            except Exception as exc:  # noqa: BLE001 - reported on the record, everything rolled back
+                with self._lock:
+                    record.state = PatchState.FAILED
+                    record.detail = f"cannot import {record.patch.module}: {type(exc).__name__}: {exc}"
+                    self.rollback(reason=f"rolled back because {record.patch.target} failed")
+                return
+        self.retry()
 
     def retry(self) -> None:
         """Apply pending patches whose modules have finished importing since their hook fired."""

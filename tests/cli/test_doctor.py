@@ -28,9 +28,11 @@ def test_json_report_has_the_documented_keys():
     backends = {b["name"]: b for b in report["kernel_backends"]}
     assert backends["torch"]["available"] is True
     assert all(set(b) == {"name", "available", "reason"} for b in report["kernel_backends"])
-    targets = [p["target"] for p in report["patches"]]
-    assert "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl" in targets
+    applied = {p["target"]: p["applied"] for p in report["patches"]}
+    assert applied["lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"] is True
+    assert applied["lmcache.v1.gpu_connector:CreateGPUConnector"] is True
     assert all(set(p) == {"target", "applied", "detail"} for p in report["patches"])
+    assert report["connectors"] == {"state": "registered", "names": ["LMCachePlatformsConnector"]}
 
 
 def test_disabled_activation_is_reported_without_failing():

@@ -186,3 +186,18 @@ def test_replacement_module_that_imports_its_target_is_waited_for(modules):
     assert target.thing is ours2.thing and target.thing() == "ours2 over upstream"
     assert importlib.import_module(f"{pkg}.user").thing is ours2.thing
     registry.rollback()
+
+
+def test_import_targets_applies_pending_patches_or_fails_them_all(modules):
+    registry = PatchRegistry([_patch(modules)])
+    registry.apply()
+    registry.import_targets()
+    assert registry.records[0].state is PatchState.APPLIED
+    registry.rollback()
+    missing = Patch(target=f"{modules}.absent:thing", replacement=f"{modules}.ours:thing", versions="lmcache>=0")
+    registry = PatchRegistry([_patch(modules), missing])
+    registry.apply()
+    registry.import_targets()
+    assert [r.state for r in registry.records] == [PatchState.ROLLED_BACK, PatchState.FAILED]
+    assert registry.records[1].detail.startswith(f"cannot import {modules}.absent: ModuleNotFoundError")
+    assert sys.modules[f"{modules}.target"].thing() == "upstream"
