@@ -3,7 +3,6 @@ one does), and our LMCache NPU device spec against LMCache's real NPU classes.""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.machinery
 import sys
 import types
@@ -12,50 +11,12 @@ import pytest
 import torch
 
 from lmcache_platforms.platforms import npu as npu_platform
+from tests.platforms.fake_runtime import FakeDeviceRuntime
 
 NPU = npu_platform.NpuPlatform()
 
 
-class FakeNpuRuntime:
-    """The part of ``torch.npu`` the platform uses, recording what was called."""
-
-    def __init__(self, count: int, name: str) -> None:
-        self.count, self.name = count, name
-        self.entered: list[object] = []
-        self.synchronized = 0
-        self.default_stream = self.Stream()
-
-    class Stream:
-        pass
-
-    class Event:
-        pass
-
-    def is_available(self) -> bool:
-        return self.count > 0
-
-    def device_count(self) -> int:
-        return self.count
-
-    def get_device_name(self) -> str:
-        return self.name
-
-    def current_device(self) -> int:
-        return 0
-
-    def current_stream(self) -> FakeNpuRuntime.Stream:
-        return self.default_stream
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        self.entered.append(stream)
-        yield
-
-    def synchronize(self) -> None:
-        self.synchronized += 1
-
-
-RUNTIME: FakeNpuRuntime | None = None
+RUNTIME: FakeDeviceRuntime | None = None
 
 
 @pytest.fixture
@@ -68,7 +29,7 @@ def fake_torch_npu(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    def install(runtime: FakeNpuRuntime | None) -> FakeNpuRuntime | None:
+    def install(runtime: FakeDeviceRuntime | None) -> FakeDeviceRuntime | None:
         monkeypatch.setattr(sys.modules[__name__], "RUNTIME", runtime)
         return runtime
 
@@ -89,25 +50,25 @@ def test_broken_torch_npu_reads_unavailable_with_the_reason(fake_torch_npu):
 
 
 def test_no_visible_device(fake_torch_npu):
-    fake_torch_npu(FakeNpuRuntime(0, ""))
+    fake_torch_npu(FakeDeviceRuntime(0, ""))
     assert NPU.available() == (False, "torch_npu is installed but no Ascend NPU is visible")
 
 
 def test_available_and_310p_detection(fake_torch_npu):
-    fake_torch_npu(FakeNpuRuntime(2, "Ascend310P3"))
+    fake_torch_npu(FakeDeviceRuntime(2, "Ascend310P3"))
     assert NPU.available() == (True, "2 Ascend NPU(s): Ascend310P3")
     assert NPU.is_310p()
-    fake_torch_npu(FakeNpuRuntime(8, "Ascend910B1"))
+    fake_torch_npu(FakeDeviceRuntime(8, "Ascend910B1"))
     sys.modules.pop("torch_npu")
     assert not NPU.is_310p()
 
 
 def test_streams_events_and_sync_go_to_torch_npu(fake_torch_npu):
-    runtime = fake_torch_npu(FakeNpuRuntime(1, "Ascend910B1"))
+    runtime = fake_torch_npu(FakeDeviceRuntime(1, "Ascend910B1"))
     stream = NPU.new_stream()
-    assert isinstance(stream, FakeNpuRuntime.Stream)
+    assert isinstance(stream, FakeDeviceRuntime.Stream)
     assert NPU.current_stream() is runtime.default_stream
-    assert isinstance(NPU.new_event(), FakeNpuRuntime.Event)
+    assert isinstance(NPU.new_event(), FakeDeviceRuntime.Event)
     with NPU.stream_context(stream):
         pass
     with NPU.stream_context(None):
@@ -160,7 +121,7 @@ def test_lmcache_selects_our_spec_by_backend_name(fake_torch_npu, monkeypatch):
     import lmcache.v1.platform as lmcache_platform
     from lmcache.v1.platform.devices.npu import NpuDeviceSpec
 
-    fake_torch_npu(FakeNpuRuntime(1, "Ascend910B1"))
+    fake_torch_npu(FakeDeviceRuntime(1, "Ascend910B1"))
     import torch_npu  # noqa: F401 - adds torch.npu, as on a real host
 
     spec_cls = NPU.lmcache_device_spec()

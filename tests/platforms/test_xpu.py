@@ -3,56 +3,17 @@ lack ``torch.xpu`` (a fake IPEX module that adds it when imported, as IPEX does)
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import torch
 
 from lmcache_platforms.platforms import xpu as xpu_platform
+from tests.platforms.fake_runtime import FakeDeviceRuntime
 
 XPU = xpu_platform.XpuPlatform()
 
 
-class FakeXpuRuntime:
-    """The part of ``torch.xpu`` the platform uses, recording what was called."""
-
-    def __init__(self, count: int = 2, name: str = "Intel(R) Data Center GPU Max 1550") -> None:
-        self.count, self.name = count, name
-        self.entered: list[object] = []
-        self.synchronized = 0
-        self.default_stream = self.Stream()
-
-    class Stream:
-        pass
-
-    class Event:
-        pass
-
-    def is_available(self) -> bool:
-        return self.count > 0
-
-    def device_count(self) -> int:
-        return self.count
-
-    def get_device_name(self) -> str:
-        return self.name
-
-    def current_device(self) -> int:
-        return 1
-
-    def current_stream(self) -> FakeXpuRuntime.Stream:
-        return self.default_stream
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        self.entered.append(stream)
-        yield
-
-    def synchronize(self) -> None:
-        self.synchronized += 1
-
-
-IPEX_RUNTIME: FakeXpuRuntime | None = None
+IPEX_RUNTIME: FakeDeviceRuntime | None = None
 
 
 def test_unavailable_on_this_cpu_build():
@@ -60,15 +21,15 @@ def test_unavailable_on_this_cpu_build():
 
 
 def test_available_streams_events_and_sync(monkeypatch):
-    runtime = FakeXpuRuntime()
+    runtime = FakeDeviceRuntime(2, "Intel(R) Data Center GPU Max 1550", current=1)
     monkeypatch.setattr(torch, "xpu", runtime)
     assert XPU.available() == (True, "2 Intel XPU(s): Intel(R) Data Center GPU Max 1550")
     assert XPU.device() == torch.device("xpu", 1)
     assert XPU.device(0) == torch.device("xpu", 0)
     stream = XPU.new_stream()
-    assert isinstance(stream, FakeXpuRuntime.Stream)
+    assert isinstance(stream, FakeDeviceRuntime.Stream)
     assert XPU.current_stream() is runtime.default_stream
-    assert isinstance(XPU.new_event(), FakeXpuRuntime.Event)
+    assert isinstance(XPU.new_event(), FakeDeviceRuntime.Event)
     with XPU.stream_context(stream):
         pass
     XPU.synchronize()
@@ -79,7 +40,7 @@ def test_ipex_supplies_torch_xpu_when_torch_lacks_it(tmp_path, monkeypatch):
     (tmp_path / f"{xpu_platform.IPEX}.py").write_text(
         "import torch\nfrom tests.platforms import test_xpu\ntorch.xpu = test_xpu.IPEX_RUNTIME\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys.modules[__name__], "IPEX_RUNTIME", FakeXpuRuntime(1, "Intel(R) Arc(TM) A770"))
+    monkeypatch.setattr(sys.modules[__name__], "IPEX_RUNTIME", FakeDeviceRuntime(1, "Intel(R) Arc(TM) A770", current=1))
     monkeypatch.delattr(torch, "xpu")
     try:
         assert XPU.available() == (True, "1 Intel XPU(s): Intel(R) Arc(TM) A770")
