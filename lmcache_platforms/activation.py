@@ -84,9 +84,11 @@ def activate() -> Activation:
             state.error = f"{type(exc).__name__}: {exc}"
             _state = state
             raise
-        wrapt.register_post_import_hook(_register_connectors, VLLM_FACTORY)
         state.activated = True
         _state = state
+        # Only now: wrapt runs the hook at once when vLLM's factory is already imported, and the hook acts
+        # only for an activated state (registering first lost our names whenever vLLM was imported first).
+        wrapt.register_post_import_hook(_register_connectors, VLLM_FACTORY)
         logger.info("lmcache_platforms activated: %s", summary(state))
         return state
 
@@ -159,9 +161,20 @@ def current_registry() -> PatchRegistry | None:
         return _state.registry if _state is not None else None
 
 
+def activate_or_log() -> Activation | None:
+    """Activation for callers that must go on without it (an import, vLLM's plugin loader, the CLI): the error
+    is logged and kept for ``status()``; our connector refuses to run later with the reason."""
+    try:
+        return activate()
+    except Exception as exc:  # noqa: BLE001 - the host process must keep running; status() carries it
+        logger.error("lmcache_platforms not activated: %s", exc)
+        return None
+
+
 def vllm_plugin() -> None:
-    """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts."""
-    import lmcache_platforms  # noqa: F401 - importing the package is the activation
+    """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts (API server, engine
+    core, workers), after importing only ``lmcache_platforms.activation`` (which activates nothing by itself)."""
+    activate_or_log()
 
 
 def reset_for_tests() -> None:

@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lmcache_platforms.activation import activate_or_log
+
     args = build_parser().parse_args(argv)
+    activate_or_log()
     module = importlib.import_module(f"lmcache_platforms.cli.{args.command}")
     return int(module.run(args) or 0)
 
