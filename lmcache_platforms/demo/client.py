@@ -1,0 +1,107 @@
+"""A streaming OpenAI client, as users drive vLLM's server: TTFT as the client sees it, tokens, top-k logits and
+where each request's prefix came from (LMCache or vLLM's own prefix cache).
+
+Requests go one at a time, so each TTFT is one request's own and the server's hit counters (``/metrics``) can be
+attributed to the request between two reads. The server must run with ``--return-tokens-as-token-ids`` (token
+ids, not text pieces, make the identity check exact) and ``--logprobs-mode raw_logits`` (bf16 logits, so a
+difference can be counted in bf16 steps).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from lmcache_platforms.demo.server import http_get
+
+HIT_COUNTERS = {"lmcache": "vllm:external_prefix_cache_hits_total", "vllm": "vllm:prefix_cache_hits_total"}
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)$")
+_TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+
+
+def hit_counters(base_url: str) -> dict[str, int]:
+    """Totals so far of prefix-cache hit tokens, from the server's Prometheus metrics."""
+    totals = dict.fromkeys(HIT_COUNTERS, 0)
+    for line in http_get(f"{base_url}/metrics").splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        for source, name in HIT_COUNTERS.items():
+            if match["name"] == name:
+                totals[source] += int(float(match["value"]))
+    return totals
+
+
+def token_id(piece: str) -> int:
+    """A token as the server returns it with ``--return-tokens-as-token-ids`` (``token_id:123``)."""
+    match = _TOKEN_ID.match(piece)
+    if match is None:
+        raise ValueError(f"expected 'token_id:N' (is the server running with --return-tokens-as-token-ids?), "
+                         f"got {piece!r}")
+    return int(match[1])
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    top_logprobs: int = 5
+
+
+def _served_model(client: Any) -> str:
+    return client.models.list().data[0].id
+
+
+def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_tokens: int, sampling: Sampling,
+                      base_url: str) -> dict[str, Any]:
+    """Send one prompt, stream the answer; the per-request result the demo and the tests compare."""
+    before = hit_counters(base_url)
+    started = time.perf_counter()
+    first_token_s: float | None = None
+    tokens: list[int] = []
+    top_logits: list[list[list[float]]] = []
+    usage = None
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=sampling.max_tokens, temperature=0.0, seed=0,
+        logprobs=sampling.top_logprobs, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            logprobs = choice.logprobs
+            if logprobs is None or not logprobs.tokens:
+                continue
+            if first_token_s is None:
+                first_token_s = time.perf_counter() - started
+            tokens += [token_id(piece) for piece in logprobs.tokens]
+            for step in logprobs.top_logprobs or []:
+                ranked = sorted(((token_id(p), float(v)) for p, v in step.items()), key=lambda tv: (-tv[1], tv[0]))
+                top_logits.append([[t, v] for t, v in ranked])
+    latency = time.perf_counter() - started
+    after = hit_counters(base_url)
+    if usage is not None and usage.prompt_tokens != prompt_tokens:
+        raise AssertionError(f"{name}: the server counted {usage.prompt_tokens} prompt tokens, the workload "
+                             f"{prompt_tokens}: the tokenizer does not map one word to one token")
+    return {
+        "name": name,
+        "prompt_tokens": prompt_tokens,
+        "lmcache_hit_tokens": after["lmcache"] - before["lmcache"],
+        "vllm_hit_tokens": after["vllm"] - before["vllm"],
+        "ttft_s": first_token_s,
+        "latency_s": latency,
+        "tokens": tokens,
+        "top_logits": top_logits,
+    }
+
+
+def run_requests(base_url: str, requests: list[tuple[str, str, int]], sampling: Sampling) -> list[dict[str, Any]]:
+    """``requests`` as (name, prompt text, prompt token count), one after another, over one connection."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600.0) as client:
+        model = _served_model(client)
+        return [stream_completion(client, model, name, prompt, count, sampling, base_url)
+                for name, prompt, count in requests]
