@@ -1,15 +1,22 @@
-"""vLLM's CPU engine serving a hybrid Gemma-3-style model (sliding-window + full attention, several KV-cache
-groups) with LMCache through lmcache_platforms: a cold pass, then the same requests in a fresh engine (warm),
-reporting LMCache hit tokens, TTFT cold vs warm and whether the outputs are identical. --compare adds vLLM
-with no connector and LMCache's separate server mode on the same workload and cores."""
+"""vLLM's OpenAI-compatible server (`vllm serve`, CPU) serving a hybrid Gemma-3-style model (sliding-window + full
+attention, several KV-cache groups) with LMCache through lmcache_platforms, driven by a streaming client: a
+cold pass, then the same requests to a fresh server (warm), reporting LMCache hit tokens, TTFT as the client
+saw it cold vs warm, and whether the outputs are identical. --compare adds vLLM with no connector and LMCache's
+separate server mode on the same workload and cores."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lmcache_platforms.demo.scenario import DemoOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (multiple of 32)")
     parser.add_argument("--cores", help="CPU ids every engine runs on, e.g. 0-1 or 0,2 (default: all usable)")
     parser.add_argument("--workdir", type=Path,
-                        help="folder for logs and the LMCache store (default: a new temporary folder)")
+                        help="folder for logs and the LMCache store (default: a new temporary folder, removed "
+                             "at the end unless --keep-workdir or the demo fails)")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep the temporary folder (server logs)")
     parser.add_argument("--model-cache", type=Path, help="where the random model is kept "
                         "(default: $LMCACHE_PLATFORMS_CACHE/models or ~/.cache/lmcache_platforms/models)")
     parser.add_argument("--pass-timeout", type=float, default=600.0, help="seconds one engine pass may take")
@@ -43,9 +52,8 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from lmcache_platforms.demo.report import problems, render, summary
-    from lmcache_platforms.demo.runners import PassFailed, Resources
-    from lmcache_platforms.demo.scenario import DemoOptions, run_demo
+    from lmcache_platforms.demo.runners import Resources
+    from lmcache_platforms.demo.scenario import DemoOptions
 
     if args.chunk_size <= 0 or args.chunk_size % 32:
         return _fail(f"--chunk-size must be a positive multiple of 32, got {args.chunk_size}")
@@ -59,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if not cores or not set(cores) <= usable:
             return _fail(f"--cores {args.cores} is not within the usable CPUs {sorted(usable)}")
         resources = Resources(cores)
+    temporary = args.workdir is None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lmcache_platforms_demo_"))
 
     def progress(message: str) -> None:
@@ -67,18 +76,35 @@ def run(args: argparse.Namespace) -> int:
     progress(f"logs and LMCache store in {workdir}")
     options = DemoOptions(size=args.size, compare=args.compare, chunk_size=args.chunk_size, workdir=workdir,
                           cache_dir=args.model_cache, resources=resources, pass_timeout_s=args.pass_timeout)
+    found = ["not finished"]
+    try:
+        found = _run_and_report(options, progress, args.json)
+    finally:
+        if temporary and not found and not args.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif temporary:
+            progress(f"logs kept in {workdir}")
+    return 1 if found else 0
+
+
+def _run_and_report(options: DemoOptions, progress: Callable[[str], None], as_json: bool) -> list[str]:
+    """Run the demo, print its report; the problems found (empty when the demo showed what it should)."""
+    from lmcache_platforms.demo.report import problems, render, summary
+    from lmcache_platforms.demo.runners import PassFailed
+    from lmcache_platforms.demo.scenario import run_demo
+
     try:
         demo = run_demo(options, progress)
     except PassFailed as exc:
         print(f"lmcache-platforms demo: {exc}", file=sys.stderr)
-        if args.json:
+        if as_json:
             print(json.dumps({"error": str(exc).splitlines()[0]}))
-        return 1
+        return [str(exc)]
     print(render(demo))
     result = summary(demo)
     found = problems(result)
     for problem in found:
         print(f"lmcache-platforms demo: {problem}", file=sys.stderr)
-    if args.json:
+    if as_json:
         print(json.dumps(result))
-    return 1 if found else 0
+    return found

@@ -4,7 +4,8 @@
 distinct non-null block ids per group (loaded back into different ones); only whole chunks are stored when
 several groups are saved. Every row that must come back is compared (sliding-window groups: the window tail
 of each chunk; skipped state groups: nothing), and every other row must still be zero. Exit 1 when not
-bit-exact, 2 on bad input. With ``--json`` the last line printed is one JSON object.
+bit-exact, 2 on bad input. With ``--json`` the last line printed is one JSON object; when not bit-exact,
+``mismatched_rows``/``touched_rows`` count the wrong rows and ``problems`` (first 10) locate them.
 """
 
 from __future__ import annotations

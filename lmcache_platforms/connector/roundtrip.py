@@ -5,6 +5,8 @@ groups get the null block 0 wherever no stored chunk keeps a row, as vLLM frees 
 load goes to DIFFERENT random blocks with the same null pattern, so a row that lands in the wrong place is
 caught. After the load, every row that must come back equals the stored one, and every other row of every
 plane (null blocks, skipped state groups, unused blocks) is still zero.
+Each problem names the chunk, layer and plane, how many rows are wrong, and where the first one is
+(its row in the chunk, its slot, its first differing byte), so a failing kernel can be pinned down.
 """
 
 from __future__ import annotations
@@ -119,25 +121,31 @@ def verify(layout: KVLayout, request: Request, stored: dict[tuple[int, int, int]
             load_slots = layout.chunk_slots(tg, request.load_ids, start, end)
             if not torch.equal(store_slots >= 0, load_slots >= 0):
                 raise AssertionError("store and load block tables must share their null blocks")
+            positions = torch.nonzero(load_slots >= 0).flatten().cpu()
             real = load_slots[load_slots >= 0]
             for i, plane in enumerate(tg.planes):
                 got = _rows(plane, real)
-                bad = int((got != stored[(start, tg.index, i)]).flatten(1).any(dim=1).sum()) if real.numel() else 0
+                differs = (got != stored[(start, tg.index, i)]).flatten(1)
+                bad_rows = torch.nonzero(differs.any(dim=1)).flatten()
                 verdict.rows_checked += real.numel()
-                verdict.mismatched_rows += bad
-                if bad:
+                verdict.mismatched_rows += bad_rows.numel()
+                if bad_rows.numel():
+                    first = int(bad_rows[0])
+                    byte = int(torch.nonzero(differs[first])[0])
                     verdict.problems.append(f"chunk [{start}, {end}) layer {plane.layer!r} plane {plane.name!r}: "
-                                            f"{bad} of {real.numel()} rows differ")
+                                            f"{bad_rows.numel()} of {real.numel()} rows differ, first at chunk row "
+                                            f"{int(positions[first])} (slot {int(real[first])}), byte {byte}")
                 mask = expected.setdefault(plane, torch.zeros(plane.geometry.num_slots, dtype=torch.bool))
                 mask[real] = True
     for plane in all_planes(layout):
         rows = plane.rows_view().reshape(plane.geometry.num_slots, -1).cpu()
         mask = expected.get(plane, torch.zeros(plane.geometry.num_slots, dtype=torch.bool))
-        touched = int(rows[~mask].any(dim=1).sum())
-        verdict.touched_rows += touched
-        if touched:
+        written = torch.nonzero(~mask & rows.any(dim=1)).flatten()
+        verdict.touched_rows += written.numel()
+        if written.numel():
             verdict.problems.append(f"layer {plane.layer!r} plane {plane.name!r} (group {plane.group}): "
-                                    f"{touched} rows written that no chunk holds")
+                                    f"{written.numel()} rows written that no chunk holds, first at slot "
+                                    f"{int(written[0])}")
     return verdict
 
 
@@ -150,6 +158,8 @@ def summary(layout: KVLayout, request: Request, verdict: Verdict, hit_tokens: in
         "mode": layout.mode,
         "bit_exact": verdict.bit_exact,
         "rows_checked": verdict.rows_checked,
+        "mismatched_rows": verdict.mismatched_rows,
+        "touched_rows": verdict.touched_rows,
         "chunks_stored": counters.chunks_stored,
         "chunks_hit": -(-hit_tokens // chunk),
         "tokens_stored": request.stored_tokens,

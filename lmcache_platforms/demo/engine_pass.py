@@ -1,4 +1,6 @@
-"""One engine pass, run as its own process: ``python -m lmcache_platforms.demo.engine_pass SPEC.json OUT.json``.
+"""One in-process engine pass (vLLM's ``LLM`` class, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), run as its own process:
+``python -m lmcache_platforms.demo.engine_pass SPEC.json OUT.json``. The demo itself goes through ``vllm serve``
+(``server_pass``); this is the other way users run vLLM, and the tests drive it with the same workload.
 
 Each pass builds a fresh vLLM engine, serves the workload one request at a time (so each TTFT is one request's
 own), writes what it saw to OUT.json and exits, so nothing of vLLM's own prefix cache or of an in-process
@@ -12,11 +14,33 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from lmcache_platforms.demo.model import ModelSpec
+from lmcache_platforms.demo.scenario import BLOCK_SIZE, TOP_LOGITS
+from lmcache_platforms.demo.workload import Request, WorkloadSpec, warmup_request
+
 HIT_COUNTERS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits"}
 DRAIN_TIMEOUT_S = 60.0
+
+
+def pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, requests: list[Request],
+              salt: str, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
+    """What one in-process pass serves: the workload after a warm-up prompt as long as its longest request."""
+    longest = max(len(r.tokens) for r in requests)
+    warmup = warmup_request(longest, model.vocab_size, salt)
+    return {
+        "model_dir": str(model_dir),
+        "block_size": BLOCK_SIZE,
+        "max_model_len": model.max_model_len,
+        "max_tokens": workload.max_tokens,
+        "logprobs": TOP_LOGITS,
+        "kv_transfer_config": kv_transfer_config,
+        "warmup": asdict(warmup),
+        "requests": [asdict(r) for r in requests],
+    }
 
 
 class Progress:

@@ -8,6 +8,11 @@ from typing import Any
 from lmcache_platforms.demo.identity import Verdict, compare
 from lmcache_platforms.demo.scenario import DemoRun, Outcome
 
+# How far a warm pass's top-k logits may move from the cold pass's. Reused KV is a bit-exact copy, but the warm
+# prefill runs only the prompt's tail, in other shapes, so the last bits of a logit may differ; a bad load (a
+# wrong, shifted or zeroed row) moves them by far more.
+MAX_LOGIT_DRIFT_BF16_STEPS = 2.0
+
 
 def _mean_ttft(result: dict[str, Any] | None) -> float | None:
     if not result:
@@ -29,6 +34,13 @@ def _verdicts(outcome: Outcome) -> list[Verdict]:
     return [compare(c, w) for c, w in zip(cold["requests"], warm["requests"], strict=True)]
 
 
+def expected_hit_tokens(prompt_tokens: int, chunk_size: int) -> int:
+    """What a warm pass must load from LMCache for one prompt: every whole chunk, except that vLLM must compute
+    at least the last token, so a prompt of whole chunks loads all but that token (upstream's rule)."""
+    whole = prompt_tokens // chunk_size * chunk_size
+    return whole if whole < prompt_tokens else prompt_tokens - 1
+
+
 def summary(run: DemoRun) -> dict[str, Any]:
     """The JSON object the CLI prints last."""
     ours = run.outcomes["ours"]
@@ -42,9 +54,13 @@ def summary(run: DemoRun) -> dict[str, Any]:
         "prompt_tokens": sum(len(r.tokens) for r in run.requests),
         "chunk_size": run.options.chunk_size,
         "hit_tokens": sum(r["lmcache_hit_tokens"] for r in warm["requests"]),
+        "expected_hit_tokens": sum(expected_hit_tokens(len(r.tokens), run.options.chunk_size)
+                                   for r in run.requests),
+        "hit_tokens_per_request": [r["lmcache_hit_tokens"] for r in warm["requests"]],
         "identical": all(v.identical for v in verdicts),
         "bf16_ties": sum(v.tie for v in verdicts),
         "different": sum(not v.equivalent for v in verdicts),
+        "max_logit_drift_bf16_steps": max((v.max_logit_steps for v in verdicts), default=0.0),
         "ttft_cold_s": cold_ttft,
         "ttft_warm_s": warm_ttft,
         "warm_over_cold": warm_ttft / cold_ttft if cold_ttft else None,
@@ -63,7 +79,18 @@ def summary(run: DemoRun) -> dict[str, Any]:
         result["ttft_warm_lmcache_server_s"] = server_warm
         result["lmcache_server_error"] = server.error.splitlines()[0] if server and server.error else None
         result["warm_over_lmcache_server"] = warm_ttft / server_warm if server_warm else None
+        reference = _against_no_connector(run)
+        result["identical_to_no_connector"] = all(v.identical for v in reference) if reference else None
     return result
+
+
+def _against_no_connector(run: DemoRun) -> list[Verdict]:
+    """Our warm pass against vLLM without a connector: the answer a user would have got anyway."""
+    none, warm = run.outcomes.get("none"), run.outcomes["ours"].passes.get("warm")
+    reference = none.passes.get("cold") if none else None
+    if not reference or not warm:
+        return []
+    return [compare(r, w) for r, w in zip(reference["requests"], warm["requests"], strict=True)]
 
 
 def problems(summary_: dict[str, Any]) -> list[str]:
@@ -72,6 +99,18 @@ def problems(summary_: dict[str, Any]) -> list[str]:
     if summary_["hit_tokens"] == 0:
         found.append("the warm pass got no LMCache hits" + (" (LMCache ran in degraded mode, see the warning)"
                                                               if summary_["lmcache_degraded"] else ""))
+    elif summary_["hit_tokens"] != summary_["expected_hit_tokens"]:
+        found.append(f"the warm pass loaded {summary_['hit_tokens']} tokens from LMCache, expected exactly "
+                     f"{summary_['expected_hit_tokens']} (every whole chunk of every prompt)")
+    elif summary_["lmcache_degraded"]:
+        found.append("LMCache ran in degraded mode in a pass (see the warning)")
+    if summary_["max_logit_drift_bf16_steps"] > MAX_LOGIT_DRIFT_BF16_STEPS:
+        found.append(f"warm top-k logits drifted {summary_['max_logit_drift_bf16_steps']:.1f} bf16 steps from "
+                     f"cold (allowed: {MAX_LOGIT_DRIFT_BF16_STEPS})")
+    if not summary_["clean_exit"]:
+        found.append("a pass did not shut down cleanly (see the warning)")
+    if summary_.get("identical_to_no_connector") is False:
+        found.append("our warm pass produced different tokens from vLLM without a connector")
     if summary_["kv_groups"] < 2:
         found.append(f"vLLM made {summary_['kv_groups']} KV-cache group(s); the demo needs a hybrid layout")
     if summary_["different"]:
@@ -95,11 +134,7 @@ def render(run: DemoRun) -> str:
     """Human-readable report: groups, per-request cold vs warm, and the comparison table if any."""
     ours = run.outcomes["ours"]
     cold, warm = ours.passes["cold"], ours.passes["warm"]
-    groups = ", ".join(
-        f"{g['spec']}(window={g['sliding_window']}, {g['layers']} layers)" if g["sliding_window"]
-        else f"{g['spec']}({g['layers']} layers)"
-        for g in cold["kv_groups"]
-    )
+    groups = ", ".join(f"{g['spec'] or 'group'}(block {g['block_size']})" for g in cold["kv_groups"])
     lines = [
         f"model {run.model.name}: {run.model.num_layers} layers, {len(cold['kv_groups'])} KV-cache groups: "
         f"{groups}",
@@ -118,7 +153,7 @@ def render(run: DemoRun) -> str:
     for warning in sorted({w for result in (cold, warm) for w in result.get("warnings", [])}):
         lines.append(f"WARNING from the engine log: {warning}")
     cold_median, warm_median = _median_ttft(cold), _median_ttft(warm)
-    lines += ["", f"median TTFT: cold {_fmt(cold_median)}, warm (fresh engine) {_fmt(warm_median)}"
+    lines += ["", f"median TTFT as the client saw it: cold {_fmt(cold_median)}, warm (fresh server) {_fmt(warm_median)}"
               f" = {warm_median / cold_median:.3f}x cold   (means: cold {_fmt(_mean_ttft(cold))}, "
               f"warm {_fmt(_mean_ttft(warm))})"]
     if run.options.compare:
@@ -138,9 +173,9 @@ def _comparison(run: DemoRun) -> list[str]:
             continue
         hits = sum(r["lmcache_hit_tokens"] for r in warm["requests"]) if warm else 0
         if key == "none":
-            note = "nothing is kept across engines: warm = cold"
+            note = "nothing is kept across servers: warm = cold"
         else:
             note = outcome.error.splitlines()[0] if outcome.error else ""
         rows.append([outcome.label, _fmt(_median_ttft(cold)), _fmt(_median_ttft(warm)), str(hits), note])
-    return _table(["configuration", "median TTFT cold", "median TTFT warm (fresh engine)",
+    return _table(["configuration", "median client TTFT cold", "median client TTFT warm (fresh server)",
                    "hit tokens (warm)", "note"], rows)

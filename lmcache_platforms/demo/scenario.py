@@ -1,4 +1,5 @@
-"""The demo's sequence: model, workload, then cold and warm passes per configuration.
+"""The demo's sequence: model, workload, then cold and warm passes per configuration, each pass a fresh
+``vllm serve`` driven by a streaming client.
 
 Where LMCache keeps the KV cache between passes: LMCache's ``fs://`` remote backend (one file per chunk under
 the run's folder, behind the usual local CPU cache). A pass is a whole process that exits, so the data must
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmcache_platforms.demo.client import Sampling
 from lmcache_platforms.demo.model import MODELS, ModelSpec, ensure_model
-from lmcache_platforms.demo.runners import LMCacheServer, PassFailed, PassRunner, Resources
+from lmcache_platforms.demo.runners import LMCacheServer, PassFailed, Resources
+from lmcache_platforms.demo.server import require_vllm_command
+from lmcache_platforms.demo.server_pass import ServerPassRunner, serve_args
 from lmcache_platforms.demo.workload import WORKLOADS, Request, WorkloadSpec, build_workload, warmup_request
 
 OUR_CONNECTOR = "LMCachePlatformsConnector"
@@ -36,6 +40,8 @@ class DemoOptions:
     cache_dir: Path | None = None
     resources: Resources = field(default_factory=Resources.available)
     pass_timeout_s: float = 600.0
+    # Added to our connector's passes only (e.g. a kernel backend chosen by a test).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,22 +76,6 @@ def lmcache_yaml(chunk_size: int, store: Path, cpu_gib: float = 1.0) -> str:
     )
 
 
-def pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, requests: list[Request],
-               salt: str, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
-    longest = max(len(r.tokens) for r in requests)
-    warmup = warmup_request(longest, model.vocab_size, salt)
-    return {
-        "model_dir": str(model_dir),
-        "block_size": BLOCK_SIZE,
-        "max_model_len": model.max_model_len,
-        "max_tokens": workload.max_tokens,
-        "logprobs": TOP_LOGITS,
-        "kv_transfer_config": kv_transfer_config,
-        "warmup": asdict(warmup),
-        "requests": [asdict(r) for r in requests],
-    }
-
-
 def connector_config(name: str) -> dict[str, Any]:
     return {"kv_connector": name, "kv_role": "kv_both"}
 
@@ -97,10 +87,14 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
     requests = build_workload(workload, model.vocab_size)
     run = DemoRun(model, workload, requests, options)
     options.workdir.mkdir(parents=True, exist_ok=True)
-    runner = PassRunner(options.workdir, options.resources, progress, options.pass_timeout_s)
+    require_vllm_command()
+    runner = ServerPassRunner(options.workdir, options.resources, model_dir,
+                              serve_args(BLOCK_SIZE, model.max_model_len),
+                              Sampling(workload.max_tokens, TOP_LOGITS), progress, options.pass_timeout_s)
+    longest = max(len(r.tokens) for r in requests)
 
-    def spec(label: str, kv: dict[str, Any] | None) -> dict[str, Any]:
-        return pass_spec(model_dir, model, workload, requests, label, kv)
+    def warmup(label: str) -> Request:
+        return warmup_request(longest, model.vocab_size, label)
 
     store = options.workdir / "lmcache_store"
     shutil.rmtree(store, ignore_errors=True)
@@ -108,25 +102,25 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
     config_file = options.workdir / "lmcache.yaml"
     config_file.write_text(lmcache_yaml(options.chunk_size, store))
     ours = run.outcomes.setdefault("ours", Outcome("LMCache in-process + lmcache_platforms"))
-    env = {"LMCACHE_CONFIG_FILE": str(config_file)}
+    env = {"LMCACHE_CONFIG_FILE": str(config_file), **options.extra_env}
     try:
         for phase in ("cold", "warm"):
-            progress(f"pass {phase} with {OUR_CONNECTOR} (fresh engine)")
-            ours.passes[phase] = runner.run(f"ours-{phase}", spec(f"ours-{phase}", connector_config(OUR_CONNECTOR)),
-                                            env)
+            progress(f"pass {phase} with {OUR_CONNECTOR} (fresh server)")
+            ours.passes[phase] = runner.run(f"ours-{phase}", connector_config(OUR_CONNECTOR), requests,
+                                            warmup(f"ours-{phase}"), env)
     finally:
         shutil.rmtree(store, ignore_errors=True)
     if options.compare:
-        _run_comparisons(run, runner, spec, progress)
+        _run_comparisons(run, runner, warmup, progress)
     return run
 
 
-def _run_comparisons(run: DemoRun, runner: PassRunner, spec: Callable[[str, Any], dict[str, Any]],
+def _run_comparisons(run: DemoRun, runner: ServerPassRunner, warmup: Callable[[str], Request],
                      progress: Callable[[str], None]) -> None:
     none = run.outcomes.setdefault("none", Outcome("vLLM, no connector"))
-    progress("pass with no connector (fresh engine)")
+    progress("pass with no connector (fresh server)")
     try:
-        none.passes["cold"] = runner.run("none", spec("none", None))
+        none.passes["cold"] = runner.run("none", None, run.requests, warmup("none"))
     except PassFailed as exc:
         none.error = str(exc)
     server = run.outcomes.setdefault("server", Outcome("LMCache server mode (LMCacheMPConnector)"))
@@ -140,9 +134,8 @@ def _run_comparisons(run: DemoRun, runner: PassRunner, spec: Callable[[str, Any]
         with LMCacheServer(run.options.workdir, run.options.resources, chunk) as lmcache_server:
             mp_env = {"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven"}
             for phase in ("cold", "warm"):
-                progress(f"pass {phase} with LMCacheMPConnector (fresh engine)")
-                server.passes[phase] = runner.run(f"server-{phase}",
-                                                  spec(f"server-{phase}", lmcache_server.kv_transfer_config()),
-                                                  mp_env)
+                progress(f"pass {phase} with LMCacheMPConnector (fresh server)")
+                server.passes[phase] = runner.run(f"server-{phase}", lmcache_server.kv_transfer_config(),
+                                                  run.requests, warmup(f"server-{phase}"), mp_env)
     except PassFailed as exc:
         server.error = str(exc)

@@ -7,8 +7,9 @@ from urllib.parse import urlparse
 
 import yaml
 
+from lmcache_platforms.demo.engine_pass import pass_spec
 from lmcache_platforms.demo.model import TINY_MODEL
-from lmcache_platforms.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config, lmcache_yaml, pass_spec
+from lmcache_platforms.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config, lmcache_yaml
 from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
 
 
