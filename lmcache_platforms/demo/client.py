@@ -2,9 +2,9 @@
 where each request's prefix came from (LMCache or vLLM's own prefix cache).
 
 Requests go one at a time, so each TTFT is one request's own and the server's hit counters (``/metrics``) can be
-attributed to the request between two reads. The server must run with ``--return-tokens-as-token-ids`` (token
-ids, not text pieces, make the identity check exact) and ``--logprobs-mode raw_logits`` (bf16 logits, so a
-difference can be counted in bf16 steps).
+attributed to the request between two reads. Tokens come back as ids (``return_tokens_as_token_ids``: text
+pieces would make the identity check inexact); with ``vllm serve --logprobs-mode raw_logits`` the top-k values
+are the model's bf16 logits, so a difference can be counted in bf16 steps.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ def token_id(piece: str) -> int:
     """A token as the server returns it with ``--return-tokens-as-token-ids`` (``token_id:123``)."""
     match = _TOKEN_ID.match(piece)
     if match is None:
-        raise ValueError(f"expected 'token_id:N' (is the server running with --return-tokens-as-token-ids?), "
-                         f"got {piece!r}")
+        raise ValueError(f"expected a token as 'token_id:N', got {piece!r}")
     return int(match[1])
 
 
@@ -65,7 +64,7 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
     stream = client.completions.create(
         model=model, prompt=prompt, max_tokens=sampling.max_tokens, temperature=0.0, seed=0,
         logprobs=sampling.top_logprobs, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
     )
     for chunk in stream:
         if chunk.usage is not None:

@@ -1,7 +1,7 @@
 """vLLM's OpenAI-compatible server (``vllm serve``) as a child process, the way users run it.
 
 The server runs in its own session (process group) pinned to the demo's cores; it is ready when ``/health``
-answers. Stopping it sends SIGINT as Ctrl-C would, waits for vLLM's own shutdown, then kills whatever of its
+answers. Stopping it sends SIGINT to its group as Ctrl-C would, waits for vLLM's own shutdown, then kills whatever of its
 group is left, so no engine process outlives it. Whether it stopped by itself in time is recorded.
 """
 
@@ -106,7 +106,8 @@ class VllmServer:
         if self.process is None:
             return
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGINT)  # as Ctrl-C does: to the whole foreground group
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=self.stop_timeout_s)
                 self.stopped_in_time = True

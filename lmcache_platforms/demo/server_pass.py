@@ -41,11 +41,11 @@ def kv_groups_from_log(text: str) -> list[dict[str, Any]]:
 
 
 def serve_args(block_size: int, max_model_len: int) -> list[str]:
-    """What every pass adds to ``vllm serve``: the same engine shape for all configurations, token ids and raw
-    bf16 logits in the replies (for an exact identity check)."""
+    """What every pass adds to ``vllm serve``: the same engine shape for all configurations, and raw bf16 logits
+    in the replies (for the identity check)."""
     return ["--block-size", str(block_size), "--max-model-len", str(max_model_len),
             "--max-num-batched-tokens", str(max_model_len), "--enforce-eager", "--dtype", "bfloat16",
-            "--seed", "0", "--return-tokens-as-token-ids", "--logprobs-mode", "raw_logits",
+            "--seed", "0", "--logprobs-mode", "raw_logits",
             "--disable-uvicorn-access-log"]
 
 
