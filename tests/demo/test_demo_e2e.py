@@ -1,42 +1,42 @@
-"""The reduced demo end to end: real vLLM CPU engines in subprocesses, real LMCache, the tiny model.
-
-One cold and one warm pass (fresh engine) with our connector must give LMCache hits, identical tokens and at
-least two KV-cache groups; upstream's in-process connector must be refused by vLLM with the hybrid manager on.
+"""The reduced demo end to end, through the paths users run: ``vllm serve`` (multiprocess engine) driven by a
+streaming client, and an in-process ``LLM`` engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), both with real LMCache
+and the tiny hybrid model. Each configuration must give exactly the expected LMCache hits and the tokens of a
+server without a connector; upstream's in-process connector must be refused by vLLM with the hybrid manager on.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from lmcache_platforms.demo.client import Sampling
+from lmcache_platforms.demo.engine_pass import pass_spec
+from lmcache_platforms.demo.identity import compare
 from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
-from lmcache_platforms.demo.report import problems, render, summary
+from lmcache_platforms.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS, expected_hit_tokens, problems, render, summary
 from lmcache_platforms.demo.runners import PassFailed, PassRunner, Resources
 from lmcache_platforms.demo.scenario import (
+    BLOCK_SIZE,
+    OUR_CONNECTOR,
+    TOP_LOGITS,
     UPSTREAM_CONNECTOR,
     DemoOptions,
     DemoRun,
     connector_config,
-    pass_spec,
+    lmcache_yaml,
     run_demo,
 )
-from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
+from lmcache_platforms.demo.server_pass import ServerPassRunner, serve_args
+from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload, warmup_request
+from tests.serving.processes import processes_mentioning
 
 pytestmark = pytest.mark.slow
 
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+CHUNK = 64
+REQUESTS = build_workload(TINY_WORKLOAD, TINY_MODEL.vocab_size)
+EXPECTED_HITS = [expected_hit_tokens(len(r.tokens), CHUNK) for r in REQUESTS]
 
 
 @pytest.fixture(scope="module")
@@ -49,28 +49,69 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_run(models: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     workdir = tmp_path_factory.mktemp("demo")
-    run = run_demo(DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=64), lambda _m: None)
-    assert _processes_mentioning(str(workdir)) == [], "an engine pass left a process behind"
+    run = run_demo(DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=CHUNK), lambda _m: None)
+    assert processes_mentioning(str(workdir)) == [], "a server left a process behind"
     return run
 
 
-def test_warm_pass_hits_lmcache_with_identical_tokens_on_a_hybrid_model(tiny_run: DemoRun) -> None:
+@pytest.fixture(scope="module")
+def no_connector(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The answers of a server without a connector: what users would get anyway."""
+    workdir = tmp_path_factory.mktemp("none")
+    runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name,
+                              serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len),
+                              Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
+    longest = max(len(r.tokens) for r in REQUESTS)
+    return runner.run("none", None, REQUESTS, warmup_request(longest, TINY_MODEL.vocab_size, "none"))
+
+
+def _assert_same_answers(reference: dict[str, Any], result: dict[str, Any]) -> None:
+    for expected, got in zip(reference["requests"], result["requests"], strict=True):
+        verdict = compare(expected, got)
+        assert verdict.identical, (got["name"], verdict.describe())
+        assert verdict.max_logit_steps <= MAX_LOGIT_DRIFT_BF16_STEPS, (got["name"], verdict.max_logit_steps)
+
+
+def test_served_warm_pass_loads_every_whole_chunk_and_answers_as_without_a_connector(
+        tiny_run: DemoRun, no_connector: dict[str, Any]) -> None:
     result = summary(tiny_run)
     cold, warm = tiny_run.outcomes["ours"].passes["cold"], tiny_run.outcomes["ours"].passes["warm"]
-    specs = {g["spec"] for g in cold["kv_groups"]}
-    assert result["kv_groups"] >= 2 and {"SlidingWindowSpec", "FullAttentionSpec"} <= specs
-    assert result["hit_tokens"] > 0
-    assert all(r["lmcache_hit_tokens"] > 0 for r in warm["requests"])
-    assert result["identical"], render(tiny_run)
+    specs = [g["spec"] for g in cold["kv_groups"]]
+    assert specs == ["SlidingWindowSpec"] * 3 + ["FullAttentionSpec"], specs
+    assert result["kv_groups"] == 4
+    assert result["hit_tokens_per_request"] == EXPECTED_HITS
+    assert [r["vllm_hit_tokens"] for r in warm["requests"]] == [0] * len(REQUESTS)
+    assert result["identical"] and result["max_logit_drift_bf16_steps"] <= MAX_LOGIT_DRIFT_BF16_STEPS, render(tiny_run)
     assert problems(result) == []
+    assert [p["exit_code"] for p in (cold, warm)] == [0, 0]
     assert [len(r["tokens"]) for r in warm["requests"]] == [TINY_WORKLOAD.max_tokens] * TINY_WORKLOAD.requests
+    _assert_same_answers(no_connector, cold)
+    _assert_same_answers(no_connector, warm)
+
+
+def test_in_process_engine_with_our_connector_hits_and_answers_as_without_a_connector(
+        models: Path, no_connector: dict[str, Any], tmp_path: Path) -> None:
+    """``LLM(...)`` in one process, our package never imported by the script: vLLM's plugin loader activates
+    it after vLLM's connector factory is already imported (the order that once lost our connector's name)."""
+    config = tmp_path / "lmcache.yaml"
+    config.write_text(lmcache_yaml(CHUNK, tmp_path / "store", cpu_gib=0.5))
+    runner = PassRunner(tmp_path, Resources.available(), lambda _m: None, timeout_s=400)
+    passes = {}
+    for phase in ("cold", "warm"):
+        spec = pass_spec(models / TINY_MODEL.name, TINY_MODEL, TINY_WORKLOAD, REQUESTS, f"in-process-{phase}",
+                         connector_config(OUR_CONNECTOR))
+        passes[phase] = runner.run(f"in-process-{phase}", spec, {"LMCACHE_CONFIG_FILE": str(config)})
+    assert len(passes["warm"]["kv_groups"]) == 4
+    assert [r["lmcache_hit_tokens"] for r in passes["warm"]["requests"]] == EXPECTED_HITS
+    _assert_same_answers(no_connector, passes["cold"])
+    _assert_same_answers(no_connector, passes["warm"])
+    assert processes_mentioning(str(tmp_path)) == []
 
 
 def test_vllm_refuses_upstream_in_process_connector_with_the_hybrid_manager(models: Path, tmp_path: Path) -> None:
-    requests = build_workload(TINY_WORKLOAD, TINY_MODEL.vocab_size)[:1]
-    spec = pass_spec(models / TINY_MODEL.name, TINY_MODEL, TINY_WORKLOAD, requests, "upstream",
+    spec = pass_spec(models / TINY_MODEL.name, TINY_MODEL, TINY_WORKLOAD, REQUESTS[:1], "upstream",
                      connector_config(UPSTREAM_CONNECTOR))
     runner = PassRunner(tmp_path, Resources.available(), lambda _m: None, timeout_s=300)
     with pytest.raises(PassFailed, match="does not support HMA but HMA is enabled"):
         runner.run("upstream", spec)
-    assert _processes_mentioning(str(tmp_path)) == []
+    assert processes_mentioning(str(tmp_path)) == []
