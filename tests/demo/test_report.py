@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmcache_platforms.demo.model import TINY_MODEL
-from lmcache_platforms.demo.report import problems, render, summary
+from lmcache_platforms.demo.report import expected_hit_tokens, problems, render, summary
 from lmcache_platforms.demo.runners import Resources
 from lmcache_platforms.demo.scenario import DemoOptions, DemoRun, Outcome
 from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
 
-GROUPS = [{"spec": "SlidingWindowSpec", "block_size": 32, "sliding_window": 64, "layers": 3},
-          {"spec": "FullAttentionSpec", "block_size": 32, "sliding_window": None, "layers": 1}]
+GROUPS = [{"spec": "SlidingWindowSpec", "block_size": 32}, {"spec": "FullAttentionSpec", "block_size": 32}]
 
 
 def _request(name: str, ttft: float, hits: int, tokens: list[int]) -> dict:
@@ -40,7 +39,8 @@ def test_summary_uses_medians_and_counts_hits_and_groups() -> None:
     assert result["identical"] and result["different"] == 0
     assert result["clean_exit"] and not result["lmcache_degraded"]
     assert problems(result) == []
-    assert "median TTFT: cold 2.000 s, warm (fresh engine) 0.200 s = 0.100x cold" in render(_run([5, 6]))
+    assert ("median TTFT as the client saw it: cold 2.000 s, warm (fresh server) 0.200 s = 0.100x cold"
+            in render(_run([5, 6])))
 
 
 def test_different_tokens_and_missing_hits_are_problems() -> None:
@@ -60,3 +60,44 @@ def test_compare_reports_a_server_that_could_not_run() -> None:
     assert result["ttft_warm_lmcache_server_s"] is None
     assert result["lmcache_server_error"] == "lmcache server did not start: X"
     assert "could not run: lmcache server did not start: X" in render(run)
+
+
+def test_expected_hits_are_every_whole_chunk_but_never_the_last_token() -> None:
+    assert [expected_hit_tokens(n, 64) for n in (63, 64, 65, 127, 128, 129, 264)] == [0, 63, 64, 64, 127, 128, 256]
+
+
+def test_a_hit_count_off_by_one_chunk_is_a_problem() -> None:
+    result = summary(_run([5, 6], warm_hits=192))
+    assert result["expected_hit_tokens"] == 768 and result["hit_tokens"] == 576
+    assert problems(result) == ["the warm pass loaded 576 tokens from LMCache, expected exactly 768 (every whole "
+                                "chunk of every prompt)"]
+
+
+def test_logit_drift_beyond_the_bound_is_a_problem_even_with_identical_tokens() -> None:
+    run = _run([5, 6])
+    warm = run.outcomes["ours"].passes["warm"]["requests"][2]
+    warm["top_logits"] = [[[5, 5.0 + 3 * 0.03125]], [[6, 5.0]]]  # 3 bf16 steps at 5.0 (step 2**-5)
+    result = summary(run)
+    assert result["identical"] and result["max_logit_drift_bf16_steps"] == 3.0
+    assert problems(result) == ["warm top-k logits drifted 3.0 bf16 steps from cold (allowed: 2.0)"]
+
+
+def test_a_hung_or_degraded_pass_is_a_problem() -> None:
+    run = _run([5, 6])
+    run.outcomes["ours"].passes["warm"]["warnings"] = [
+        "pass ours-warm: vllm serve did not stop within 60 s of SIGINT (hung at exit); it was killed",
+        "LMCache entering degraded mode"]
+    result = summary(run)
+    assert not result["clean_exit"] and result["lmcache_degraded"]
+    assert problems(result) == ["LMCache ran in degraded mode in a pass (see the warning)",
+                                "a pass did not shut down cleanly (see the warning)"]
+
+
+def test_answers_unlike_a_server_without_a_connector_are_a_problem() -> None:
+    run = _run([5, 6], compare=True)
+    reference = {"requests": [dict(r) for r in run.outcomes["ours"].passes["cold"]["requests"]]}
+    reference["requests"][0] = {**reference["requests"][0], "tokens": [1, 9]}
+    run.outcomes["none"] = Outcome("vLLM, no connector", {"cold": reference})
+    result = summary(run)
+    assert result["identical"] and result["identical_to_no_connector"] is False
+    assert problems(result) == ["our warm pass produced different tokens from vLLM without a connector"]
