@@ -1,8 +1,9 @@
 """vLLM's OpenAI-compatible server (``vllm serve``) as a child process, the way users run it.
 
 The server runs in its own session (process group) pinned to the demo's cores; it is ready when ``/health``
-answers. Stopping it sends SIGINT to its group as Ctrl-C would, waits for vLLM's own shutdown, then kills whatever of its
-group is left, so no engine process outlives it. Whether it stopped by itself in time is recorded.
+answers. Stopping it sends SIGINT to its group as Ctrl-C would, waits for vLLM's own shutdown, then kills
+whatever of its group is left, so no engine process outlives it. Whether it stopped by itself in time is
+recorded.
 """
 
 from __future__ import annotations
