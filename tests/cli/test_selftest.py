@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from lmcache_platforms.cli import selftest
+from lmcache_platforms.kernels.registry import ENTRY_POINT_GROUP
+from tests.faults.install import faulty_env, install_faulty_backend
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +83,102 @@ def test_human_output_with_the_local_disk(tmp_path, capsys) -> None:
 def test_not_bit_exact_exits_1(monkeypatch, capsys) -> None:
     failed = {"layout": "x", "mode": "bundled", "bit_exact": False, "rows_checked": 3, "chunks_stored": 1,
               "chunks_hit": 1, "transfer_groups": 1, "launches_per_chunk": 1, "backend": "cpu",
-              "problems": ["chunk [0, 64) layer 'l' plane 'k': 1 of 3 rows differ"]}
+              "problems": ["chunk [0, 64) layer 'l' plane 'k': 1 of 3 rows differ, "
+                           "first at chunk row 0 (slot 5), byte 0"]}
     monkeypatch.setattr(selftest, "selftest", lambda *args, **kwargs: failed)
     assert run_in_process(["--layout", "llama", "--json"]) == 1
     assert last_json(capsys.readouterr().out)["bit_exact"] is False
+
+
+# --- The oracle against a faulty kernel backend, found by a real entry point in the selftest process ---
+
+FAULT_LAYOUTS = ("gemma3", "deepseek-v4-small")
+FAULTS = ("none", "flip", "shift", "zero", "swap")
+FAULT_CASES = [(layout, fault) for layout in FAULT_LAYOUTS for fault in FAULTS]
+# `zero` drops the first block each launch loads into, in every plane: gemma3 has 16-row blocks in both
+# groups (2 planes full attention, 10 sliding), so 4 chunks x 12 planes x 16 rows. deepseek-v4-small: the
+# sliding group's 16-row blocks (4 planes), group 1's 4-row blocks (4 planes), group 2's 2-row blocks (2
+# planes, 2 rows a chunk): 4 chunks x (64 + 16 + 4). The compressor_state planes (skipped state group) are
+# moved by no launch, so no fault reaches them; the oracle still checks they stay all zero.
+ZEROED_ROWS = {"gemma3": 4 * 12 * 16, "deepseek-v4-small": 4 * (4 * 16 + 4 * 4 + 2 * 2)}
+# The first plane of the first transfer group, and its rows per chunk, which every first problem names.
+FIRST_PLANE = {"gemma3": ("model.layers.5.self_attn", "k", 64), "deepseek-v4-small": ("model.layers.0.attn", "swa", 32)}
+
+
+def first_load_slot(layout_name: str) -> int:
+    """The slot selftest (seed 0) loads chunk row 0 of the first transfer group into: named by the problems."""
+    from lmcache_platforms.connector import roundtrip
+    from lmcache_platforms.layout import load_layout_spec, materialize
+
+    spec = load_layout_spec(layout_name)
+    layout = materialize(spec, "bundled", seed=0)
+    request = roundtrip.make_request(layout, spec.num_tokens, 0)
+    return int(layout.chunk_slots(layout.transfer_groups[0], request.load_ids, 0, layout.chunk_size)[0])
+
+
+def faulty_selftest(plugin_path: Path, cwd: Path, layout: str, fault: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, in a directory outside the repository: only PYTHONPATH brings the plugin.
+
+    The positive control (`none`) picks the backend through LMCACHE_PLATFORMS_KERNEL_BACKEND, as a vLLM
+    server would; the faults name it with --backend.
+    """
+    env = faulty_env(plugin_path, fault, {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false"})
+    argv = ["--layout", layout, "--json"] + ([] if fault == "none" else ["--backend", "faulty"])
+    script = Path(sys.executable).with_name("lmcache-platforms")
+    return subprocess.run([str(script), "selftest", *argv], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fault_runs(request, tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+    """Every selected (layout, fault) selftest, run a few at a time (each spends ~10 s importing LMCache)."""
+    wanted = sorted({item.callspec.params["case"] for item in request.session.items
+                     if "fault_runs" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
+    plugin_path = install_faulty_backend(tmp_path_factory.mktemp("faulty-plugin"))
+    cwd = tmp_path_factory.mktemp("faulty-cwd")
+    with ThreadPoolExecutor(max_workers=max(2, min(4, (os.cpu_count() or 2) // 2))) as pool:
+        futures = {case: pool.submit(faulty_selftest, plugin_path, cwd, *case) for case in wanted}
+        return {case: future.result() for case, future in futures.items()}
+
+
+def test_the_faulty_backend_installs_as_a_distribution_with_an_entry_point(tmp_path) -> None:
+    path = install_faulty_backend(tmp_path)
+    (dist,) = importlib.metadata.distributions(path=[str(path)])
+    (entry,) = dist.entry_points.select(group=ENTRY_POINT_GROUP)
+    assert (entry.name, entry.value) == ("faulty", "lmcache_platforms_faulty_backend:FaultyBackend")
+    assert (path / "lmcache_platforms_faulty_backend.py").is_file()
+
+
+@pytest.mark.parametrize("case", FAULT_CASES, ids=[f"{layout}-{fault}" for layout, fault in FAULT_CASES])
+def test_selftest_catches_each_fault_of_a_plugin_backend(case: tuple[str, str], fault_runs) -> None:
+    layout, fault = case
+    done = fault_runs[case]
+    result = last_json(done.stdout)
+    assert result["backend"] == "faulty", result  # found through the entry point, in a child process
+    if fault == "none":  # positive control: the plugin path itself moves every row exactly
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert result["bit_exact"] is True and result["problems"] == []
+        assert result["mismatched_rows"] == result["touched_rows"] == 0
+        return
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert result["bit_exact"] is False
+    chunks, launches = result["chunks_hit"], result["launches_per_chunk"]
+    layer, plane, rows = FIRST_PLANE[layout]
+    differ, touched = {
+        "flip": (chunks * launches, 0),  # one row per launch: the first plane's first row
+        "swap": (2 * chunks * launches, 0),  # two rows per launch, swapped in the chunk buffer at store
+        "zero": (ZEROED_ROWS[layout], 0),
+        "shift": (result["rows_checked"], None),  # every row one slot off, spilling into rows no chunk holds
+    }[fault]
+    assert result["mismatched_rows"] == differ
+    if touched is None:
+        assert result["touched_rows"] > 0
+    else:
+        assert result["touched_rows"] == touched
+    first_rows = {"flip": 1, "swap": 2, "zero": min(rows, 16), "shift": rows}[fault]
+    # Every fault damages chunk row 0 of the first plane; flip touches byte 0 by construction, the others
+    # replace random bytes (seed 0) that already differ at byte 0.
+    assert result["problems"][0] == (
+        f"chunk [0, 64) layer {layer!r} plane {plane!r}: {first_rows} of {rows} rows differ, first at chunk row 0 "
+        f"(slot {first_load_slot(layout)}), byte 0"
+    )
