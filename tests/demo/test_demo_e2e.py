@@ -30,6 +30,7 @@ from lmcache_platforms.demo.scenario import (
 )
 from lmcache_platforms.demo.server_pass import ServerPassRunner, serve_args
 from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload, warmup_request
+from tests.faults.install import faulty_env, install_faulty_backend
 from tests.serving.processes import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -87,6 +88,26 @@ def test_served_warm_pass_loads_every_whole_chunk_and_answers_as_without_a_conne
     assert [len(r["tokens"]) for r in warm["requests"]] == [TINY_WORKLOAD.max_tokens] * TINY_WORKLOAD.requests
     _assert_same_answers(no_connector, cold)
     _assert_same_answers(no_connector, warm)
+
+
+def test_the_served_verdict_catches_a_zeroed_block_on_load(models: Path, no_connector: dict[str, Any],
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Negative control: the same served demo with a kernel backend (a plugin, found through its entry point by
+    the server's worker) that zeroes the first block of every load. Hits are still exact, so only the answer
+    checks can catch it: they must."""
+    plugin = install_faulty_backend(tmp_path_factory.mktemp("plugin"))
+    workdir = tmp_path_factory.mktemp("faulty")
+    options = DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=CHUNK,
+                          extra_env=faulty_env(plugin, "zero", base={}))
+    run = run_demo(options, lambda _m: None)
+    result = summary(run)
+    assert result["hit_tokens_per_request"] == EXPECTED_HITS
+    found = problems(result)
+    assert any("drifted" in p or "different tokens" in p for p in found), (found, render(run))
+    warm = run.outcomes["ours"].passes["warm"]
+    assert any(not compare(r, w).identical or compare(r, w).max_logit_steps > MAX_LOGIT_DRIFT_BF16_STEPS
+               for r, w in zip(no_connector["requests"], warm["requests"], strict=True))
+    assert "kernels faulty, " in Path(warm["log"]).read_text()  # the server's worker really ran the plugin
 
 
 def test_in_process_engine_with_our_connector_hits_and_answers_as_without_a_connector(
