@@ -14,14 +14,14 @@ $(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements
 
 test: setup
 	bash scripts/test_services.sh
-	$(PY) -m ruff check lmcache_platforms tests scripts
+	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
 	$(PY) -m pytest -q
 
 demo: setup
 	$(VENV)/bin/lmcache-platforms demo
 
 lint: setup
-	$(PY) -m ruff check lmcache_platforms tests scripts
+	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
 
 clean:
 	rm -rf $(VENV) build *.egg-info lmcache_platforms/kernels/*.so

@@ -43,6 +43,8 @@ setup(
     description="Hybrid-model (multi KV-group) LMCache offloading for vLLM on CPU, CUDA, XPU and Ascend NPU",
     python_requires=">=3.11",
     packages=find_packages(include=["lmcache_platforms", "lmcache_platforms.*"]),
+    # LMCache's device-plugin entry point; outside the package so LMCache's discovery never imports the package.
+    py_modules=["lmcache_platforms_npu_device"],
     package_data={"lmcache_platforms": ["examples/*.json"]},
     ext_modules=[cpu_kernels],
     cmdclass={"build_ext": OptionalBuildExt},
@@ -60,7 +62,7 @@ setup(
         "console_scripts": ["lmcache-platforms = lmcache_platforms.cli.main:main"],
         "vllm.general_plugins": ["lmcache_platforms = lmcache_platforms.activation:vllm_plugin"],
         "lmcache.device_plugins": [
-            "lmcache_platforms_npu = lmcache_platforms.platforms.npu_spec:PlatformsNpuDeviceSpec",
+            "lmcache_platforms_npu = lmcache_platforms_npu_device:PlatformsNpuDeviceSpec",
         ],
     },
 )

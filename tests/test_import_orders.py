@@ -15,11 +15,10 @@ loader (the path every vLLM process takes); building our connector and the CLI r
 the fast suite runs each with activation first and last (one of each path) and marks their other four orders
 ``slow``. The fast selection of this module is 22 interpreters: 3.3 minutes idle, 4.5 measured while shared.
 
-Found while writing these: ``import lmcache_platforms`` activates nothing once anything has imported LMCache,
-since LMCache loads our ``lmcache.device_plugins`` entry point (``lmcache_platforms.platforms.npu_spec``) while
-it imports, and that imports the package as the parent of a submodule, which by design does not activate;
-the later ``import lmcache_platforms`` finds it in ``sys.modules``. Those orders are strict xfails until the
-package activates there (vLLM's plugin, our connector and the CLI activate explicitly and are not affected).
+Found while writing these: LMCache imports every ``lmcache.device_plugins`` entry point while it imports, and ours
+lived inside the package, so ``import lmcache`` imported ``lmcache_platforms`` as a mere parent (no activation)
+and a later ``import lmcache_platforms`` did nothing. The plugin is now the top-level module
+``lmcache_platforms_npu_device``; the ``import`` orders where LMCache comes first guard that.
 """
 
 from __future__ import annotations
@@ -56,9 +55,6 @@ ORDERS = list(itertools.permutations(("factory", "adapter", "activate")))
 FAST_ORDERS = {"plugin": ORDERS, "import": ORDERS,
                "connector": [("activate", "factory", "adapter"), ("factory", "adapter", "activate")]}
 FAST_ORDERS["cli"] = FAST_ORDERS["connector"]
-DEVICE_PLUGIN_BUG = ("LMCache imports our device-plugin entry point (lmcache_platforms.platforms.npu_spec), which "
-                     "loads the package as a submodule's parent without activating; the later `import "
-                     "lmcache_platforms` is then a no-op")
 
 
 def _probe() -> dict[str, Any]:
@@ -152,8 +148,6 @@ def _order_cases() -> list[Any]:
         marks = []
         if order not in FAST_ORDERS[source]:
             marks.append(pytest.mark.slow)
-        if source == "import" and order.index("adapter") < order.index("activate"):
-            marks.append(pytest.mark.xfail(strict=True, reason=DEVICE_PLUGIN_BUG))
         cases.append(pytest.param(source, order, marks=marks, id=f"{source}-{'-'.join(order)}"))
     return cases
 

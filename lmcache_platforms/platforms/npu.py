@@ -2,7 +2,7 @@
 
 torch_npu is imported on first use (it adds ``torch.npu``), never at module import, so this module loads on
 any machine. LMCache's own NPU backend needs LMCache-Ascend's native ops; without them LMCache gets its NPU
-device layer from our ``lmcache_platforms_npu`` device plugin (``npu_spec``).
+device layer from our ``lmcache_platforms_npu`` device plugin (top-level module ``lmcache_platforms_npu_device``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class NpuPlatform(Platform):
         return super().pin_memory(tensor)
 
     def lmcache_device_spec(self) -> type | None:
-        from lmcache_platforms.platforms.npu_spec import PlatformsNpuDeviceSpec
+        from lmcache_platforms_npu_device import PlatformsNpuDeviceSpec
 
         return PlatformsNpuDeviceSpec
 

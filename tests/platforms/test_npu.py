@@ -83,10 +83,16 @@ def test_defaults():
     assert npu_platform.PLATFORM.name == "npu"
 
 
+def test_device_plugin_names_the_backend_our_platform_selects():
+    import lmcache_platforms_npu_device as plugin
+
+    assert plugin.LMCACHE_BACKEND_NAME == npu_platform.LMCACHE_BACKEND_NAME == NPU.lmcache_device_backend
+
+
 def test_upstream_npu_ops_need_lmcache_ascend_ours_do_not():
     from lmcache.v1.platform.devices.npu.device_ops import NpuDeviceOps
 
-    from lmcache_platforms.platforms.npu_spec import PlatformsNpuDeviceOps
+    from lmcache_platforms_npu_device import PlatformsNpuDeviceOps
 
     with pytest.raises(ImportError, match=r"lmcache_ascend\.ops"):
         NpuDeviceOps().ensure_native()
@@ -96,7 +102,7 @@ def test_upstream_npu_ops_need_lmcache_ascend_ours_do_not():
 
 
 def test_our_ops_bind_lmcache_ascend_native_ops_when_installed(monkeypatch):
-    from lmcache_platforms.platforms.npu_spec import PlatformsNpuDeviceOps
+    from lmcache_platforms_npu_device import PlatformsNpuDeviceOps
 
     package = types.ModuleType("lmcache_ascend")
     package.__path__ = []

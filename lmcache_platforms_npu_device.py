@@ -9,7 +9,10 @@ We do not provide a module named ``lmcache_ascend.ops``: it would shadow a real 
 claim a native surface we do not have. Two NPU specs are then registered, so LMCache needs
 ``LMCACHE_DEVICE_BACKEND=lmcache_platforms_npu`` (the NPU image sets it).
 
-Importing this module imports LMCache; only LMCache's plugin discovery and ``NpuPlatform`` load it.
+Importing this module imports LMCache; only LMCache's plugin discovery and ``NpuPlatform`` load it. It lives
+outside the ``lmcache_platforms`` package on purpose: LMCache imports every device plugin whenever it is imported,
+and importing a module inside our package would import the package as a mere parent, which activates nothing,
+so a later ``import lmcache_platforms`` in that process would find it imported and activate nothing either.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from lmcache.v1.platform.base.device_ops import DeviceOps
 from lmcache.v1.platform.devices.npu import NpuDeviceSpec
 from lmcache.v1.platform.devices.npu.device_ops import NpuDeviceOps
 
-from lmcache_platforms.platforms.npu import LMCACHE_BACKEND_NAME
-
+# Must equal lmcache_platforms.platforms.npu.LMCACHE_BACKEND_NAME (tested); not imported, for the reason above.
+LMCACHE_BACKEND_NAME = "lmcache_platforms_npu"
 ASCEND_NATIVE_OPS = "lmcache_ascend.ops"
 
 
