@@ -23,7 +23,6 @@ from lmcache_platforms.demo.scenario import BLOCK_SIZE, TOP_LOGITS
 from lmcache_platforms.demo.workload import Request, WorkloadSpec, warmup_request
 
 HIT_COUNTERS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits"}
-DRAIN_TIMEOUT_S = 60.0
 
 
 def pass_spec(model_dir: Path, model: ModelSpec, workload: WorkloadSpec, requests: list[Request],
@@ -83,32 +82,6 @@ def _top_logits(step: dict[int, Any]) -> list[list[float]]:
     """One generated position's top-k as ``[token, raw logit]`` pairs, best first."""
     ranked = sorted(step.items(), key=lambda item: (item[1].rank, item[0]))
     return [[token, float(entry.logprob)] for token, entry in ranked]
-
-
-def drain_lmcache_writes(timeout_s: float = DRAIN_TIMEOUT_S) -> int:
-    """Wait until no LMCache backend of this process has a write in flight; returns how many were waited on.
-
-    LMCache writes to remote storage asynchronously and does not wait for them when it closes, so a pass that
-    exits right after its last request could leave the next pass without the last chunks.
-    """
-    engine_module = sys.modules.get("lmcache.v1.cache_engine")
-    if engine_module is None:
-        return 0
-    backends = [
-        backend
-        for engine in list(engine_module.LMCacheEngineBuilder._instances.values())
-        if engine.storage_manager is not None
-        for backend in engine.storage_manager.storage_backends.values()
-        if hasattr(backend, "put_tasks")
-    ]
-    pending = sum(len(backend.put_tasks) for backend in backends)
-    deadline = time.monotonic() + timeout_s
-    while any(backend.put_tasks for backend in backends):
-        if time.monotonic() > deadline:
-            left = sum(len(backend.put_tasks) for backend in backends)
-            raise TimeoutError(f"LMCache still had {left} writes in flight after {timeout_s:.0f} s")
-        time.sleep(0.05)
-    return pending
 
 
 def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
@@ -174,7 +147,6 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
                  f"{done['prefill_s']:.3f} s), LMCache hit {done['lmcache_hit_tokens']}/{done['prompt_tokens']} "
                  "tokens")
     result["requests"] = requests
-    result["drained_writes"] = drain_lmcache_writes()
     progress("shutting the engine down")
     llm.llm_engine.engine_core.shutdown()
     return result

@@ -28,6 +28,7 @@ from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
+from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
@@ -207,6 +208,13 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 offset=start,
                 **self._transfer_kwargs(request, request.block_ids),
             )
+
+    def shutdown(self) -> None:
+        """Chunk writes still in flight to LMCache's slower tiers finish first (bounded), so a server stopped
+        right after a request keeps that request's chunks for the next one; then upstream's shutdown."""
+        if self.lmcache_engine is not None:
+            drain_writes(self.lmcache_engine)
+        super().shutdown()
 
     # ------------------------------------------------------------------ scheduler side
 

@@ -19,16 +19,26 @@ logger = init_logger(__name__)
 DRAIN_TIMEOUT_S = 60.0
 
 
-def _backends_with_writes(engine: Any) -> list[Any]:
+def _in_flight(backend: Any) -> Any:
+    """The collection of keys a backend is writing: the remote backend's ``put_tasks`` (a set), the local disk
+    backend's worker's (a list); None for backends that write synchronously."""
+    for owner in (backend, getattr(backend, "disk_worker", None)):
+        tasks = getattr(owner, "put_tasks", None)
+        if isinstance(tasks, set | list | dict):
+            return tasks
+    return None
+
+
+def _collections(engine: Any) -> list[Any]:
     manager = getattr(engine, "storage_manager", None)
     if manager is None:
         return []
-    return [b for b in manager.storage_backends.values() if isinstance(getattr(b, "put_tasks", None), set)]
+    return [tasks for b in manager.storage_backends.values() if (tasks := _in_flight(b)) is not None]
 
 
 def pending_writes(engine: Any) -> int:
     """How many chunk writes of ``engine``'s backends have not finished."""
-    return sum(len(backend.put_tasks) for backend in _backends_with_writes(engine))
+    return sum(len(tasks) for tasks in _collections(engine))
 
 
 def drain_writes(engine: Any, timeout_s: float = DRAIN_TIMEOUT_S, poll_s: float = 0.02) -> int:
