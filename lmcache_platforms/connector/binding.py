@@ -61,8 +61,13 @@ class LayoutBinding:
         self.formats = tuple(formats)
         self.device = layout_device(layout)
         self.fingerprint = layout_fingerprint(self.formats)
-        self.streams = TransferStreams(platform_for(self.device))
-        self.scratch = {d: Scratch(self.device) for d in Direction} if self.device.type != "cpu" else {}
+        platform = platform_for(self.device)
+        self.streams = TransferStreams(platform)
+        # Kernels write device memory, then one copy per chunk crosses to the host on the transfer stream:
+        # whenever the memory is not plain host memory or the platform has streams (the same thing, except
+        # where a test's fake runtime claims an accelerator for CPU tensors).
+        staged = self.device.type != "cpu" or bool(platform.torch_module_name)
+        self.scratch = {d: Scratch(self.device) for d in Direction} if staged else {}
         # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
         # would cost more than the lookup saves.
         self._backends: dict[int, KernelBackend] = {

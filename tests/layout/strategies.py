@@ -26,19 +26,34 @@ DIM_TEMPLATES = (
 )
 
 
+# Chunk sizes and the largest group's tokens per block include non-powers of two (a 16-token block under a
+# 48-token chunk, a 24-token block under a 16-token chunk): chunk boundaries then fall inside blocks.
+CHUNK_SIZES = (8, 12, 16, 24, 32, 48, 64)
+LARGEST_BLOCK_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+COMPRESS_RATIOS = (1, 2, 3, 4, 8)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 @st.composite
 def kv_groups(draw, max_groups: int = 4, chunk_size: int | None = None) -> tuple[list[KVGroup], int]:
-    """(groups, chunk_size) obeying the layout rules: powers of two, so every block divides the largest."""
-    chunk = chunk_size or draw(st.sampled_from((8, 16, 32, 64)))
+    """(groups, chunk_size) obeying the layout rules: every group's block (in tokens) divides the largest one,
+    compress ratios divide the chunk, the block and the window; sizes need not be powers of two."""
+    chunk = chunk_size or draw(st.sampled_from(CHUNK_SIZES))
+    largest = draw(st.sampled_from(LARGEST_BLOCK_TOKENS))
     count = draw(st.integers(1, max_groups))
+    biggest = draw(st.integers(0, count - 1))  # the group whose block is the largest; the others divide it
     groups = []
     for index in range(count):
-        cr = draw(st.sampled_from([c for c in (1, 2, 4, 8) if chunk % c == 0]))
+        tokens_per_block = largest if index == biggest else draw(st.sampled_from(_divisors(largest)))
+        cr = draw(st.sampled_from([c for c in COMPRESS_RATIOS if chunk % c == 0 and tokens_per_block % c == 0]))
         window = draw(st.one_of(st.none(), st.integers(1, 3 * chunk // cr).map(lambda k, cr=cr: k * cr)))
         name = draw(st.sampled_from(SPEC_NAMES))
         groups.append(KVGroup(
             index=index,
-            block_size=draw(st.sampled_from((1, 2, 4, 8, 16))),
+            block_size=tokens_per_block // cr,
             tokens_per_row=cr,
             sliding_window=window,
             is_state=draw(st.booleans()) and index > 0,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lmcache_platforms.platforms import npu as npu_platform
-from tests.platforms.fake_runtime import FakeDeviceRuntime
+from tests.platforms.fake_runtime import FakeDeviceRuntime, FakeEvent, FakeStream
 
 NPU = npu_platform.NpuPlatform()
 
@@ -66,15 +66,19 @@ def test_available_and_310p_detection(fake_torch_npu):
 def test_streams_events_and_sync_go_to_torch_npu(fake_torch_npu):
     runtime = fake_torch_npu(FakeDeviceRuntime(1, "Ascend910B1"))
     stream = NPU.new_stream()
-    assert isinstance(stream, FakeDeviceRuntime.Stream)
+    assert isinstance(stream, FakeStream)
     assert NPU.current_stream() is runtime.default_stream
-    assert isinstance(NPU.new_event(), FakeDeviceRuntime.Event)
+    event = NPU.new_event()
+    assert isinstance(event, FakeEvent)
     with NPU.stream_context(stream):
-        pass
+        assert NPU.current_stream() is stream
+        event.record()
     with NPU.stream_context(None):
         pass
     NPU.synchronize()
-    assert runtime.entered == [stream]
+    assert runtime.log == [("enter", stream.name), ("record", event.name, stream.name), ("exit", stream.name),
+                           ("synchronize",)]
+    assert runtime.entered == [stream.name]
     assert runtime.synchronized == 1
 
 

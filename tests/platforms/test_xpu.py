@@ -8,7 +8,7 @@ import sys
 import torch
 
 from lmcache_platforms.platforms import xpu as xpu_platform
-from tests.platforms.fake_runtime import FakeDeviceRuntime
+from tests.platforms.fake_runtime import FakeDeviceRuntime, FakeEvent, FakeStream
 
 XPU = xpu_platform.XpuPlatform()
 
@@ -27,13 +27,20 @@ def test_available_streams_events_and_sync(monkeypatch):
     assert XPU.device() == torch.device("xpu", 1)
     assert XPU.device(0) == torch.device("xpu", 0)
     stream = XPU.new_stream()
-    assert isinstance(stream, FakeDeviceRuntime.Stream)
+    assert isinstance(stream, FakeStream) and stream is not runtime.default_stream
     assert XPU.current_stream() is runtime.default_stream
-    assert isinstance(XPU.new_event(), FakeDeviceRuntime.Event)
+    event = XPU.new_event()
+    assert isinstance(event, FakeEvent)
     with XPU.stream_context(stream):
-        pass
+        assert XPU.current_stream() is stream
+        event.record()
+    with XPU.stream_context(None):
+        assert XPU.current_stream() is runtime.default_stream
+    XPU.current_stream().wait_event(event)
     XPU.synchronize()
-    assert (runtime.entered, runtime.synchronized) == ([stream], 1)
+    assert runtime.log == [("enter", stream.name), ("record", event.name, stream.name), ("exit", stream.name),
+                           ("wait_event", "default", event.name), ("synchronize",)]
+    assert (runtime.entered, runtime.synchronized) == ([stream.name], 1)
 
 
 def test_ipex_supplies_torch_xpu_when_torch_lacks_it(tmp_path, monkeypatch):

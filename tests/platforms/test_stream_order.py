@@ -1,0 +1,201 @@
+"""The connector's device protocol on XPU and NPU, through a real store and load of a real ``LMCacheEngine``.
+
+The planes are CPU tensors that the fake runtime claims as accelerator memory (``platform_for`` answers
+the accelerator platform), so the kernels really run, on CPU, while every stream, event and copy request
+goes to the recording fake. What the log must show, per direction:
+
+- store: the store stream first waits for the compute stream (the forward's writes), each chunk's kernel
+  fills the store scratch ON the store stream, then one non-blocking copy per chunk takes the scratch to
+  the MemoryObj, still on the store stream; the store stream is synchronized before LMCache gets the
+  MemoryObjs; the KV cache is never written;
+- load: each chunk is copied MemoryObj -> load scratch on the load stream, the kernel writes the KV cache
+  from it on the load stream; then an event recorded on the load stream is waited on by the compute stream
+  (it must not read rows before they land) and the load stream is synchronized (LMCache frees the
+  MemoryObjs next); the two directions never share a scratch buffer.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from lmcache_platforms.connector import binding as binding_module
+from lmcache_platforms.connector import roundtrip
+from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.kernels.contract import Direction
+from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.platforms import cpu as cpu_platform
+from lmcache_platforms.platforms import npu as npu_platform
+from lmcache_platforms.platforms import xpu as xpu_platform
+from lmcache_platforms.platforms.base import Platform
+from tests.platforms.fake_runtime import Entry, FakeDeviceRuntime, FakeStream
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["xpu", "npu"])
+def accelerator(request, monkeypatch) -> Iterator[tuple[Platform, FakeDeviceRuntime]]:
+    """A fresh platform object whose runtime module is the fake, and the fake; the connector's binding sees
+    every plane's memory as that platform's. ``torch.xpu`` itself stays real: LMCache and torch's own
+    device probing must not see an accelerator (their device layers are not what is tested here)."""
+    runtime = FakeDeviceRuntime(1, "fake accelerator")
+    platform = {"xpu": xpu_platform.XpuPlatform, "npu": npu_platform.NpuPlatform}[request.param]()
+    platform._module = lambda: runtime  # type: ignore[method-assign]
+    monkeypatch.setattr(binding_module, "platform_for", lambda device: platform)
+    yield platform, runtime
+
+
+def tagger(layout: KVLayout, engine: LayoutEngine):
+    """Names the memory a write lands in: the KV planes, each direction's scratch, the MemoryObjs' buffer."""
+    kv = {p.storage.untyped_storage().data_ptr() for p in roundtrip.all_planes(layout)}
+    host = engine.engine.storage_manager.local_cpu_backend.memory_allocator.buffer.untyped_storage().data_ptr()
+    scratch = engine.connector.binding.scratch
+
+    def tag(tensor: torch.Tensor) -> str | None:
+        ptr = tensor.untyped_storage().data_ptr()
+        for direction, buffer in scratch.items():
+            if buffer._buffer is not None and buffer._buffer.untyped_storage().data_ptr() == ptr:
+                return f"scratch.{direction.value}"
+        return "kv" if ptr in kv else "host" if ptr == host else None
+
+    return tag
+
+
+def device_steps(log: list[Entry]) -> list[Entry]:
+    """The log as a device queue would hold it: stream and event calls as they are, each kernel launch's
+    reads and writes folded into ``("kernel", stream, read, written)``, copies as ``("copy", stream, source,
+    target, non_blocking)``."""
+    out: list[Entry] = []
+    for entry in log:
+        if entry[0] == "write" and entry[2] == "copy_":
+            out.append(("copy", entry[1], entry[4][0] if entry[4] else None, entry[3], entry[5]))
+            continue
+        if entry[0] in ("read", "write"):
+            read = frozenset(entry[3]) if entry[0] == "read" else frozenset(entry[4])
+            written = frozenset({entry[3]}) if entry[0] == "write" else frozenset()
+            if out and out[-1][0] == "kernel" and out[-1][1] == entry[1]:
+                read, written = read | out[-1][2], written | out[-1][3]
+                out.pop()
+            out.append(("kernel", entry[1], read, written))
+            continue
+        out.append(entry)
+    return out
+
+
+def kernel(stream: str, source: str, target: str) -> Entry:
+    return ("kernel", stream, frozenset({source}), frozenset({target}))
+
+
+def expected_store(store: str, chunks: int) -> list[Entry]:
+    per_chunk = [kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)]
+    return [("wait_stream", store, "default"), ("enter", store), *per_chunk * chunks, ("exit", store),
+            ("stream_synchronize", store)]
+
+
+def expected_load(load: str, chunks: int, event: str) -> list[Entry]:
+    per_chunk = [("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")]
+    return [("enter", load), *per_chunk * chunks, ("exit", load), ("record", event, load),
+            ("wait_event", "default", event), ("stream_synchronize", load)]
+
+
+@pytest.mark.parametrize(("name", "tokens"), [("gemma3", 192), ("deepseek-v4-small", None)])
+def test_store_and_load_order_of_waits_records_and_copies(accelerator, name: str, tokens: int | None) -> None:
+    platform, runtime = accelerator
+    spec = load_layout_spec(name)
+    layout = materialize(spec, "bundled", seed=11)
+    num_tokens = tokens or spec.num_tokens
+    request = roundtrip.make_request(layout, num_tokens, seed=2)
+    chunks = len(request.chunks(layout.chunk_size, request.stored_tokens))
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, num_tokens))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        binding = engine.connector.binding
+        store, load = engine.connector.store_stream, engine.connector.load_stream
+        assert isinstance(store, FakeStream) and isinstance(load, FakeStream) and store is not load
+        assert binding.streams.platform is platform and binding.scratch.keys() == set(Direction)
+        stored = roundtrip.snapshot(layout, request)
+        with runtime.watching(tagger(layout, engine)):
+            runtime.log.clear()
+            engine.store(request.tokens, request.store_ids)
+            store_log = device_steps(runtime.log)
+            roundtrip.zero_planes(layout)
+            runtime.log.clear()
+            hit = engine.retrieve(request.tokens, request.load_ids)
+            load_log = device_steps(runtime.log)
+        verdict = roundtrip.verify(layout, request, stored, hit)
+    assert verdict.bit_exact, verdict.problems
+    assert store_log == expected_store(store.name, chunks)
+    events = [entry[1] for entry in load_log if entry[0] == "record"]
+    assert len(events) == 1
+    assert load_log == expected_load(load.name, chunks, events[0])
+    assert binding.scratch[Direction.STORE]._buffer.data_ptr() != binding.scratch[Direction.LOAD]._buffer.data_ptr()
+
+
+def test_layerwise_compute_waits_for_each_step_of_the_load(accelerator) -> None:
+    """Layerwise: every step stores after the compute stream's writes and is synchronized before LMCache
+    takes its MemoryObjs; every loaded step gets its own event, which the compute stream waits for before
+    the next step's rows are queued (the forward of layer k needs only steps <= k)."""
+    _, runtime = accelerator
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
+    request = roundtrip.make_request(layout, 128, seed=2)
+    steps, chunks = 3, 2
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
+    with LayoutEngine(layout, storage, kernel_backend="torch", layerwise=True, layer_steps=steps) as engine:
+        store, load = engine.connector.store_stream.name, engine.connector.load_stream.name
+        stored = roundtrip.snapshot(layout, request)
+        with runtime.watching(tagger(layout, engine)):
+            runtime.log.clear()
+            engine.store(request.tokens, request.store_ids)
+            store_log = device_steps(runtime.log)
+            roundtrip.zero_planes(layout)
+            runtime.log.clear()
+            hit = engine.retrieve(request.tokens, request.load_ids)
+            load_log = device_steps(runtime.log)
+        verdict = roundtrip.verify(layout, request, stored, hit)
+    assert verdict.bit_exact, verdict.problems
+    assert store_log == expected_store(store, chunks) * steps
+    events = [entry[1] for entry in load_log if entry[0] == "record"]
+    assert len(set(events)) == steps
+    per_step = [expected_load(load, chunks, event)[:-1] for event in events]
+    assert load_log == [entry for step in per_step for entry in step] + [("stream_synchronize", load)]
+
+
+def test_cpu_has_no_streams_and_no_scratch() -> None:
+    """The same engine on CPU memory: transfers are synchronous and go straight into the MemoryObjs."""
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
+    with LayoutEngine(layout, StorageOptions(max_local_cpu_size=cache_size_gib(layout, 64))) as engine:
+        assert engine.connector.binding.streams.platform is cpu_platform.PLATFORM
+        assert (engine.connector.store_stream, engine.connector.load_stream) == (None, None)
+        assert engine.connector.binding.scratch == {}
+
+
+@pytest.mark.parametrize("which", ["xpu", "npu"])
+def test_pinned_memory_is_asked_of_the_runtime(which: str, monkeypatch) -> None:
+    """Accelerator platforms allocate and pin host memory through torch's pinned allocator (the watcher
+    records the request; this CPU build has no such allocator); the CPU platform never pins."""
+    runtime = FakeDeviceRuntime(1, "fake accelerator")
+    if which == "xpu":
+        platform: Platform = xpu_platform.PLATFORM
+        monkeypatch.setattr(torch, "xpu", runtime)
+    else:
+        platform = npu_platform.PLATFORM
+        monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+        fake = types.ModuleType("torch_npu")
+        monkeypatch.setitem(sys.modules, "torch_npu", fake)
+        monkeypatch.setattr(torch, "npu", runtime, raising=False)
+    with pytest.raises(RuntimeError, match=r"pinned memory|accelerator"):
+        platform.empty_pinned((4,), torch.uint8)  # a real pinned request, which this machine cannot serve
+    with runtime.watching(lambda tensor: None):
+        out = platform.empty_pinned((2, 3), torch.float16)
+        pinned = platform.pin_memory(torch.ones(5))
+        cpu_out = cpu_platform.PLATFORM.empty_pinned((2,), torch.uint8)
+        cpu_pinned = cpu_platform.PLATFORM.pin_memory(torch.ones(2))
+    assert out.shape == (2, 3) and out.dtype == torch.float16 and pinned.tolist() == [1.0] * 5
+    assert runtime.log == [("pinned_alloc", "default", "empty.memory_format", torch.float16),
+                           ("pin", "default", (5,), torch.float32)]
+    assert cpu_out.shape == (2,) and cpu_pinned.tolist() == [1.0, 1.0]
+
