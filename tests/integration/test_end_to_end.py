@@ -1,9 +1,16 @@
 """Store, hit and load a hybrid (Gemma-3-like) model's KV through both connector halves and a real LMCache
-engine, as vLLM drives them in one process; a short load with several groups stops the step."""
+engine, as vLLM drives them in one process; a short load with several groups stops the step.
+
+Loads are checked on vLLM's own tensors as raw bytes, one slice per block id, without our layout code: the
+whole cache after the load must equal the cache before it with exactly the expected destination blocks
+replaced by their source blocks. A layout that skipped some bytes (V, a plane, a padding gap) or wrote a
+block it must not (the null block 0, blocks of vLLM's prefix cache, blocks outside the request) fails it.
+"""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from vllm import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.request import Request
@@ -52,6 +59,38 @@ def hybrid(model_dir):
     stop_stack(stack)
 
 
+Blocks = dict[str, torch.Tensor]
+
+
+def raw_blocks(stack) -> Blocks:
+    """A copy of every layer's cache as raw bytes, one row per block id: ``[num_blocks, bytes per block]``."""
+    return {name: cache.reshape(cache.shape[0], -1).view(torch.uint8).clone() for name, cache in stack.caches.items()}
+
+
+def layers_of(stack, group: int) -> list[str]:
+    return list(stack.kv_cache_config.kv_cache_groups[group].layer_names)
+
+
+def with_copies(stack, before: Blocks, copies: dict[int, list[tuple[int, int]]]) -> Blocks:
+    """``before`` with, in every layer of group g, block ``dst`` replaced by block ``src`` for each pair."""
+    out = {name: blocks.clone() for name, blocks in before.items()}
+    for group, pairs in copies.items():
+        for name in layers_of(stack, group):
+            for dst, src in pairs:
+                out[name][dst] = before[name][src]
+    return out
+
+
+def differing_blocks(expected: Blocks, actual: Blocks) -> list[tuple[str, int]]:
+    """(layer, block id) of every block whose bytes differ."""
+    return [(name, int(b)) for name in expected
+            for b in torch.nonzero((expected[name] != actual[name]).any(dim=1)).flatten()]
+
+
+def pairs(dst: list[int], src: list[int], indices: range) -> list[tuple[int, int]]:
+    return [(dst[i], src[i]) for i in indices]
+
+
 def test_a_prefix_stored_by_one_request_is_loaded_into_anothers_blocks(hybrid):
     assert not health.is_degraded(), health.engine_health()
     hit, step = admit(hybrid, "a", PROMPT, TABLE_A)
@@ -59,18 +98,31 @@ def test_a_prefix_stored_by_one_request_is_loaded_into_anothers_blocks(hybrid):
     hybrid.step(step, {"a": (PROMPT, TABLE_A)})
     assert hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_stored == 3
 
-    null_block = hybrid.rows(1, [0, 1], range(32, 64))  # block 0 of group 1's layer: never written
+    before = raw_blocks(hybrid)
+    assert all(bool(before[name][TABLE_A[g][:6]].any(dim=1).all()) for g in range(4) for name in layers_of(hybrid, g))
     hit, step = admit(hybrid, "b", PROMPT[:192] + list(range(5000, 5040)), TABLE_B)
     assert hit == 192
     hybrid.step(step, {})
     assert hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_loaded == 3
+    after = raw_blocks(hybrid)
 
-    a_rows = hybrid.rows(0, TABLE_A[0], range(192))
-    assert a_rows.any() and a_rows.equal(hybrid.rows(0, TABLE_B[0], range(192)))
-    for group in (1, 2, 3):  # sliding window: the last 64 tokens' rows are what resuming needs
-        window = range(192 - WINDOW, 192)
-        assert hybrid.rows(group, TABLE_B[group], window).equal(hybrid.rows(group, TABLE_A[group], window))
-    assert hybrid.rows(1, [0, 1], range(32, 64)).equal(null_block)
+    # 192 tokens = 6 whole blocks of 32 in the full group; the sliding groups keep the window's last 64
+    # tokens (blocks 4 and 5), their earlier blocks are null in TABLE_B. Nothing else may change.
+    copies = {0: pairs(TABLE_B[0], TABLE_A[0], range(6))} | {g: pairs(TABLE_B[g], TABLE_A[g], range(4, 6))
+                                                             for g in (1, 2, 3)}
+    expected = with_copies(hybrid, before, copies)
+    assert differing_blocks(expected, after) == []
+    assert all(not bool(after[name][0].any()) for name in after)  # the null block 0: never written
+
+    # Negative control: V dropped from one loaded block (each (block, head) page is [K rows][V rows]) must
+    # be caught by this comparison, as must a write into the null block.
+    name, block = layers_of(hybrid, 1)[0], TABLE_B[1][4]
+    no_v = {n: blocks.clone() for n, blocks in after.items()}
+    no_v[name][block, no_v[name].shape[1] // 2 :] = 0
+    assert differing_blocks(expected, no_v) == [(name, block)]
+    null_written = {n: blocks.clone() for n, blocks in after.items()}
+    null_written[name][0, :2] = 1
+    assert differing_blocks(expected, null_written) == [(name, 0)]
 
 
 def test_only_what_vllm_lacks_is_loaded_after_its_own_prefix_hit(hybrid):
@@ -89,11 +141,14 @@ def test_only_what_vllm_lacks_is_loaded_after_its_own_prefix_hit(hybrid):
     req.num_computed_tokens = 64 + hit
     step = output([NewRequestData.from_request(req, table)], {"e": len(prompt) - 192}, sync_loads=True)
     loaded_before = hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_loaded
-    prefix_before = hybrid.rows(0, TABLE_A[0], range(64))
+    before = raw_blocks(hybrid)
     hybrid.step(step, {})
     assert hybrid.worker.impl.lmcache_engine.gpu_connector.binding.counters.chunks_loaded == loaded_before + 2
-    assert hybrid.rows(0, table[0], range(64, 192)).equal(hybrid.rows(0, TABLE_A[0], range(64, 192)))
-    assert hybrid.rows(0, TABLE_A[0], range(64)).equal(prefix_before)
+    # full group: tokens 64-191 are blocks 2-5; sliding groups: the window's blocks 4 and 5. Blocks 1 and 2
+    # (vLLM's prefix, shared with request a) and everything else keep their bytes.
+    copies = {0: pairs(table[0], TABLE_A[0], range(2, 6))} | {g: pairs(table[g], TABLE_A[g], range(4, 6))
+                                                              for g in (1, 2, 3)}
+    assert differing_blocks(with_copies(hybrid, before, copies), raw_blocks(hybrid)) == []
 
 
 def test_a_short_load_with_several_groups_stops_instead_of_decoding_garbage(hybrid):
@@ -108,4 +163,3 @@ def test_a_short_load_with_several_groups_stops_instead_of_decoding_garbage(hybr
     with pytest.raises(RuntimeError, match=r"request c: LMCache could not load tokens \[128, 192\)") as error:
         hybrid.step(step, {})
     assert type(error.value).__name__ == "MultiGroupLoadError"
-
