@@ -85,28 +85,39 @@ def plane_specs(draw, group: int, block_size: int, num_blocks: int) -> PlaneSpec
 
 
 @st.composite
-def layout_specs(draw, max_groups: int = 3, max_layers: int = 3) -> LayoutSpec:
-    """A small random layout file (a few KiB of tensors) that passes every check."""
+def layout_specs(draw, max_groups: int = 3, max_layers: int = 3, every_group: bool = False,
+                 min_chunks: int = 0) -> LayoutSpec:
+    """A small random layout file (a few KiB of tensors) that passes every check.
+
+    ``every_group``: each group has at least one plane, as every vLLM group has layers; ``min_chunks``: the
+    file's tokens fill at least that many whole chunks.
+    """
     groups, chunk = draw(kv_groups(max_groups=max_groups))
-    num_tokens = draw(st.integers(1, 3 * chunk))
+    num_tokens = draw(st.integers(max(1, min_chunks * chunk), max(3, min_chunks + 1) * chunk))
     num_blocks = tuple(
         math.ceil(rows_for_tokens(num_tokens, g) / g.block_size) + 1 + draw(st.integers(0, 2)) for g in groups
     )
-    layers = []
-    for i in range(draw(st.integers(1, max_layers))):
+    layers: list[list[PlaneSpec]] = []
+    for _ in range(draw(st.integers(1, max_layers))):
         planes = []
-        for j in range(draw(st.integers(1, 3))):
+        for _ in range(draw(st.integers(1, 3))):
             g = draw(st.sampled_from(groups))
-            plane = draw(plane_specs(g.index, g.block_size, num_blocks[g.index]))
-            planes.append(PlaneSpec(plane.group, plane.shape, plane.dims, plane.dtype, f"p{j}"))
-        layers.append(LayerSpec(f"model.layers.{i}", tuple(planes)))
+            planes.append(draw(plane_specs(g.index, g.block_size, num_blocks[g.index])))
+        layers.append(planes)
+    if every_group:
+        for g in groups:
+            if not any(p.group == g.index for planes in layers for p in planes):
+                target = draw(st.integers(0, len(layers) - 1))
+                layers[target].append(draw(plane_specs(g.index, g.block_size, num_blocks[g.index])))
     return LayoutSpec(
         name="random",
         chunk_size=chunk,
         num_tokens=num_tokens,
         num_blocks=num_blocks,
         groups=tuple(groups),
-        layers=tuple(layers),
+        layers=tuple(LayerSpec(f"model.layers.{i}", tuple(
+            PlaneSpec(p.group, p.shape, p.dims, p.dtype, f"p{j}") for j, p in enumerate(planes)))
+            for i, planes in enumerate(layers)),
         shared_buffer=draw(st.booleans()),
         block_padding_bytes=draw(st.sampled_from((0, 4, 12, 64))),
     )

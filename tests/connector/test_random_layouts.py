@@ -1,0 +1,154 @@
+"""Random layouts, not only the shipped examples, through a real ``LMCacheEngine``: store, wipe, retrieve, bit
+for bit.
+
+Each example draws a layout file (1-3 groups with sliding windows, compressed rows, state groups,
+non-power-of-two block and chunk sizes, padded or shared buffers, mixed dtypes), a mode, a kernel backend,
+the paged or the layerwise connector (any number of steps), and a request whose block tables hold null
+blocks both where vLLM frees a sliding window's prefix and at random places (blocks vLLM's prefix cache
+owns are passed as 0 too). The selftest oracle then demands that every row a stored chunk holds comes back
+at its new slot, that no other row of any plane was written, and that LMCache hits exactly the tokens that
+were stored (only whole chunks when several groups are saved). Because that oracle computes slots with
+the connector's own code, a second check uses a brute-force model of the README's rules (row -> block id
+-> slot, window tails, whole chunks, state groups skipped) on the raw allocations: each row is at its new
+slot with its old bytes, and no other byte (padding, gaps) of any allocation was written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from lmcache_platforms.connector import roundtrip
+from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.layout import LayoutSpec, load_layout_spec, materialize
+from tests.layout.strategies import layout_specs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_heap() -> Iterator[None]:
+    """LMCacheEngine's constructor runs ``gc.collect()``, which walks the whole heap of the test process
+    (~0.3 s here, most of each example); one engine first imports everything LMCache imports, then the heap
+    is frozen, so each example's collection walks only the objects created since."""
+    layout = materialize(load_layout_spec("llama"), seed=0)
+    LayoutEngine(layout, StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))).close()
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+@st.composite
+def cases(draw) -> tuple[LayoutSpec, str, str, int | None, int, list[list[bool]]]:
+    """(layout file, mode, kernel backend, layerwise steps or None for the paged connector, seed, per group:
+    which blocks of the table are also null)."""
+    spec = draw(layout_specs(every_group=True, min_chunks=1))
+    mode = draw(st.sampled_from(["bundled", "exploded"]))
+    backend = draw(st.sampled_from(["auto", "torch"]))
+    steps = draw(st.one_of(st.none(), st.integers(1, len(spec.layers))))
+    seed = draw(st.integers(0, 2**16))
+    nulls = [draw(st.lists(st.booleans(), min_size=blocks, max_size=blocks)) for blocks in spec.num_blocks]
+    return spec, mode, backend, steps, seed, nulls
+
+
+def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> roundtrip.Request:
+    """The same request with more null blocks, at the same table positions for the store and the load."""
+    def apply(tables: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [ids.masked_fill(torch.tensor(mask[: ids.numel()], dtype=torch.bool), 0)
+                for ids, mask in zip(tables, nulls, strict=True)]
+
+    return roundtrip.Request(request.tokens, request.stored_tokens, apply(request.store_ids), apply(request.load_ids))
+
+
+def model_rows(spec: LayoutSpec, num_tokens: int) -> dict[int, list[int]]:
+    """Per saved group, the rows LMCache must hand back, by the README's rules alone: state groups are not
+    saved; with several saved groups only whole chunks are; a row belongs to the chunk holding its first
+    token; a sliding-window group keeps the rows whose first token is within the window before the chunk's
+    end."""
+    saved = [g for g in spec.groups if not (g.is_state or "State" in g.spec_name)]
+    stored = num_tokens - num_tokens % spec.chunk_size if len(saved) > 1 else num_tokens
+    out: dict[int, list[int]] = {}
+    for g in saved:
+        cr, rows = g.tokens_per_row, []
+        for start in range(0, stored, spec.chunk_size):
+            end = min(start + spec.chunk_size, stored)
+            low = start if g.sliding_window is None else max(start, end - g.sliding_window)
+            rows += [t // cr for t in range(low, end) if t % cr == 0]
+        out[g.index] = rows
+    return out
+
+
+def slot(ids: torch.Tensor, block_size: int, row: int) -> int | None:
+    """Where vLLM keeps ``row``: block ``ids[row // block_size]``, offset ``row % block_size``; None if null."""
+    block = int(ids[row // block_size])
+    return None if block == 0 else block * block_size + row % block_size
+
+
+def check_against_model(spec: LayoutSpec, layout, request: roundtrip.Request,
+                        before: dict[tuple[str, str], torch.Tensor]) -> None:
+    """After store -> wipe (whole allocations) -> load: each model row is at its load slot with the bytes it
+    had at its store slot, and every other byte of every allocation (rows, padding, gaps) is still zero."""
+    written = {key(s): torch.zeros_like(s, dtype=torch.uint8) for s in allocations(layout)}
+    for group, rows in model_rows(spec, len(request.tokens)).items():
+        size = spec.groups[group].block_size
+        pairs = [(slot(request.store_ids[group], size, r), slot(request.load_ids[group], size, r)) for r in rows]
+        pairs = [(src, dst) for src, dst in pairs if src is not None and dst is not None]
+        for plane in (p for p in roundtrip.all_planes(layout) if p.group == group):
+            per_block = plane.geometry.rows_per_block
+            got, old = plane.rows_view(), before[(plane.layer, plane.name)]
+            mask = dataclasses.replace(plane, storage=written[key(plane.storage)]).rows_view()
+            for src, dst in pairs:
+                assert torch.equal(got[dst // per_block, dst % per_block], old[src // per_block, src % per_block]), (
+                    f"{plane.layer}/{plane.name}: slot {dst} does not hold what slot {src} held")
+                mask[dst // per_block, dst % per_block] = 1
+    for storage in allocations(layout):
+        stray = torch.nonzero((storage != 0) & (written[key(storage)] == 0)).flatten()
+        assert stray.numel() == 0, f"{stray.numel()} bytes written outside the model's rows, first at {int(stray[0])}"
+
+
+def key(storage: torch.Tensor) -> int:
+    """One allocation's identity (planes carved from one shared buffer each hold their own flat tensor)."""
+    return storage.untyped_storage().data_ptr()
+
+
+def allocations(layout) -> list[torch.Tensor]:
+    """Each distinct allocation behind the layout's planes (saved or not) once."""
+    seen: dict[int, torch.Tensor] = {}
+    for plane in roundtrip.all_planes(layout):
+        seen.setdefault(key(plane.storage), plane.storage)
+    return list(seen.values())
+
+
+@given(cases())
+def test_random_layouts_round_trip_bit_exact(case) -> None:
+    spec, mode, backend, steps, seed, nulls = case
+    layout = materialize(spec, mode, seed=seed)
+    assume(layout.transfer_groups)  # every group a state group: nothing is saved, vLLM gets no hits either
+    request = with_extra_nulls(roundtrip.make_request(layout, spec.num_tokens, seed), nulls)
+    if layout.multi_group:
+        assert request.stored_tokens == spec.num_tokens // spec.chunk_size * spec.chunk_size
+    before = {(p.layer, p.name): p.rows_view().clone() for p in roundtrip.all_planes(layout)}
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, spec.num_tokens))
+    with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=steps is not None,
+                      layer_steps=steps) as engine:
+        stored = roundtrip.snapshot(layout, request)
+        engine.store(request.tokens, request.store_ids)
+        for allocation in allocations(layout):
+            allocation.zero_()
+        hit = engine.retrieve(request.tokens, request.load_ids)
+        verdict = roundtrip.verify(layout, request, stored, hit)
+        chunks = -(-request.stored_tokens // spec.chunk_size)
+        counters = engine.connector.binding.counters
+        assert (counters.chunks_stored, counters.chunks_loaded) == (chunks, chunks if hit else 0)
+        if steps is None:
+            assert counters.launches == 2 * chunks * layout.launches_per_chunk
+    assert hit == request.stored_tokens
+    assert verdict.bit_exact, verdict.problems  # the selftest's own oracle
+    check_against_model(spec, layout, request, before)  # and one that shares no slot or chunk code with it
