@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,20 +15,9 @@ from lmcache_platforms.demo.runners import (
     base_env,
     free_port,
 )
+from tests.serving.processes import processes_mentioning
 
 STUB = "tests.demo.stub_pass"
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _runner(tmp_path: Path, messages: list[str], timeout_s: float = 60.0) -> PassRunner:
@@ -54,8 +42,8 @@ def test_a_failed_pass_names_its_error_first(tmp_path: Path) -> None:
 def test_a_pass_past_its_time_limit_is_killed_with_its_children(tmp_path: Path) -> None:
     with pytest.raises(PassFailed, match="pass p3 ran past 3 s"):
         _runner(tmp_path, [], timeout_s=3).run("p3", {"behaviour": "hang"}, module=STUB)
-    assert _processes_mentioning(str(tmp_path)) == []
-    assert _processes_mentioning("time.sleep(600)") == []
+    assert processes_mentioning(str(tmp_path)) == []
+    assert processes_mentioning("time.sleep(600)") == []
 
 
 def test_a_pass_that_hangs_after_its_results_is_killed_and_reported(tmp_path: Path) -> None:
@@ -65,7 +53,7 @@ def test_a_pass_that_hangs_after_its_results_is_killed_and_reported(tmp_path: Pa
     assert result["warnings"] == [
         "pass p4 had written its results but did not exit within 1 s (hung at exit); it was killed"
     ]
-    assert _processes_mentioning(str(tmp_path)) == []
+    assert processes_mentioning(str(tmp_path)) == []
 
 
 def test_passes_get_one_process_per_engine_stable_hashing_and_explicit_cores() -> None:
