@@ -1,8 +1,11 @@
-"""Our settings: read once from LMCache's config (``extra_config``) with environment overrides.
+"""Our settings: read once from LMCache's config (``extra_config``), the environment and vLLM's
+``kv_connector_extra_config``.
 
 LMCache's own config class cannot take new keys without being rebuilt, so ours live in ``extra_config``
 (yaml ``extra_config:`` section, or ``LMCACHE_EXTRA_CONFIG``). An environment variable, where one exists,
-wins over the config file so one run can be changed without editing it.
+wins over the config file so one run can be changed without editing it; a ``platforms.*`` key in vLLM's
+``--kv-transfer-config`` ``kv_connector_extra_config`` wins over both, because it is given for this very
+engine. Precedence, highest first: kv_connector_extra_config, environment, extra_config, default.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 MODES = ("bundled", "exploded")
+SETTINGS_PREFIX = "platforms."
 
 
 @dataclass(frozen=True)
@@ -57,15 +61,30 @@ class PlatformSettings:
 
     @classmethod
     def load(
-        cls, extra_config: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+        cls,
+        extra_config: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> PlatformSettings:
-        """Read every setting from ``extra_config`` then the environment; reject unknown values."""
+        """Every setting from ``overrides`` (vLLM's ``kv_connector_extra_config``; only ``platforms.*`` keys
+        are ours), else the environment, else ``extra_config``, else the default; reject unknown values."""
         extra = dict(extra_config or {})
+        override = {k: v for k, v in (overrides or {}).items() if k.startswith(SETTINGS_PREFIX)}
         environ = os.environ if env is None else env
         values: dict[str, Any] = {}
         for setting, field in zip(SETTINGS, fields(cls), strict=True):
-            raw = environ.get(setting.env, extra.get(setting.key, setting.default))
+            if setting.key in override:
+                raw = override[setting.key]
+            else:
+                raw = environ.get(setting.env, extra.get(setting.key, setting.default))
             values[field.name] = _as_list(raw) if isinstance(field.default, tuple) else str(raw)
         if values["mode"] not in MODES:
             raise ValueError(f"platforms.mode must be one of {', '.join(MODES)}, got {values['mode']!r}")
         return cls(**values)
+
+
+def connector_settings(lmcache_config: Any, kv_connector_extra_config: Mapping[str, Any] | None) -> PlatformSettings:
+    """Settings of one engine from LMCache's config object and vLLM's ``kv_connector_extra_config`` (None
+    outside vLLM). The GPU connector and the vLLM engine impl must both read them this way, or a key given
+    to vLLM would reach one and not the other."""
+    return PlatformSettings.load(getattr(lmcache_config, "extra_config", None), overrides=kv_connector_extra_config)

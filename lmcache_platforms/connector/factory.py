@@ -4,8 +4,9 @@ Declared in the patch catalog as a wrapper of upstream's factory: vLLM engines g
 KVLayout (layerwise when ``config.use_layerwise``), every other engine type (SGLang, TRT-LLM, mock) goes to
 upstream's factory unchanged. The connector exists as soon as the engine does and is bound to the layout
 when vLLM registers its KV caches: ``engine.gpu_connector.bind(layout)`` must run before
-``engine.post_init()`` and the first store. The kernel backend comes from our settings (``extra_config`` key
-``platforms.kernel_backend`` or ``LMCACHE_PLATFORMS_KERNEL_BACKEND``).
+``engine.post_init()`` and the first store. The kernel backend comes from our settings: ``platforms.kernel_backend``
+in vLLM's ``kv_connector_extra_config`` (which LMCache's vLLM adapter copies into the metadata), else
+``LMCACHE_PLATFORMS_KERNEL_BACKEND``, else LMCache's ``extra_config`` (``lmcache_platforms.config``).
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.config import connector_settings
 
 
 def layout_connector(config: Any, metadata: Any) -> Any:
     """The connector a vLLM engine gets: paged, or layerwise when the config asks for it."""
     if getattr(config, "enable_blending", False):
         raise ValueError("config.enable_blending is not supported by the lmcache_platforms connector")
-    settings = PlatformSettings.load(getattr(config, "extra_config", None))
+    # The metadata is the only place vLLM's kv_connector_extra_config reaches this factory.
+    settings = connector_settings(config, getattr(metadata, "kv_connector_extra_config", None))
     if getattr(config, "use_layerwise", False):
         from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
 

@@ -60,3 +60,32 @@ def test_blending_is_refused() -> None:
 def test_other_engines_go_to_upstream() -> None:
     config = LMCacheEngineConfig.from_defaults(chunk_size=64)
     assert isinstance(create_gpu_connector(config, _metadata(), EngineType.MOCK), MockGPUConnector)
+
+
+def _bound_backends(config: LMCacheEngineConfig, kv_connector_extra_config: dict | None = None) -> list[str]:
+    """Kernel backends the connector LMCache's vLLM adapter would create moves ``gemma3``'s planes with."""
+    from lmcache_platforms.layout import load_layout_spec, materialize
+
+    metadata = _metadata()
+    metadata.kv_connector_extra_config = kv_connector_extra_config  # what VllmServiceFactory puts there
+    connector = create_gpu_connector(config, metadata, EngineType.VLLM)
+    connector.bind(materialize(load_layout_spec("gemma3"), "bundled"))
+    return connector.binding.backend_names
+
+
+def test_kernel_backend_precedence_reaches_the_bound_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """extra_config < LMCACHE_PLATFORMS_KERNEL_BACKEND < vLLM's kv_connector_extra_config, as bound."""
+    monkeypatch.delenv("LMCACHE_PLATFORMS_KERNEL_BACKEND", raising=False)
+    assert _bound_backends(LMCacheEngineConfig.from_defaults(chunk_size=64)) == ["cpu"]  # auto, here
+    torch_in_file = LMCacheEngineConfig.from_defaults(chunk_size=64, extra_config={"platforms.kernel_backend": "torch"})
+    assert _bound_backends(torch_in_file) == ["torch"]
+    monkeypatch.setenv("LMCACHE_PLATFORMS_KERNEL_BACKEND", "cpu")
+    assert _bound_backends(torch_in_file) == ["cpu"]
+    cpu_in_file = LMCacheEngineConfig.from_defaults(chunk_size=64, extra_config={"platforms.kernel_backend": "cpu"})
+    assert _bound_backends(cpu_in_file, {"platforms.kernel_backend": "torch", "lmcache.chunk_size": 64}) == ["torch"]
+
+
+def test_bad_mode_in_lmcache_extra_config_is_refused() -> None:
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64, extra_config={"platforms.mode": "fused"})
+    with pytest.raises(ValueError, match=r"platforms\.mode must be one of bundled, exploded, got 'fused'"):
+        create_gpu_connector(config, _metadata(), EngineType.VLLM)

@@ -1,0 +1,78 @@
+"""Our settings as the README documents them: every key and variable in its Configuration table, the order in
+which the three sources win (vLLM's kv_connector_extra_config, then the environment, then extra_config), and a
+bad ``platforms.mode`` refused from any of them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lmcache_platforms.config import SETTINGS, PlatformSettings, connector_settings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_settings_table() -> dict[str, tuple[str, str]]:
+    """``extra_config`` key -> (environment variable, default) from the README's Configuration table."""
+    rows = re.findall(r"^\| `(platforms\.[a-z_]+)` \| `([A-Z_]+)` \| ([^|]+) \|", README.read_text(), re.M)
+    return {key: (env, default.strip().strip("`")) for key, env, default in rows}
+
+
+def test_readme_table_lists_every_setting_with_its_variable_and_default() -> None:
+    documented = _readme_settings_table()
+    declared = {s.key: (s.env, s.default if s.default else "empty") for s in SETTINGS}
+    assert documented == declared
+
+
+def test_defaults_without_any_source() -> None:
+    assert PlatformSettings.load({}, env={}) == PlatformSettings()
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[s.key for s in SETTINGS])
+def test_environment_overrides_extra_config_and_kv_connector_extra_config_overrides_both(setting) -> None:
+    field = setting.key.removeprefix("platforms.")
+    values = {"platforms.mode": ("exploded", "bundled", "exploded"),
+              "platforms.kernel_backend": ("cpu", "torch", "triton")}.get(setting.key, ("A", "B", "C"))
+    file_value, env_value, vllm_value = values
+
+    def got(settings: PlatformSettings) -> object:
+        value = getattr(settings, field)
+        return ",".join(value) if isinstance(value, tuple) else value
+
+    assert got(PlatformSettings.load({setting.key: file_value}, env={})) == file_value
+    assert got(PlatformSettings.load({setting.key: file_value}, env={setting.env: env_value})) == env_value
+    both = PlatformSettings.load({setting.key: file_value}, env={setting.env: env_value},
+                                 overrides={setting.key: vllm_value})
+    assert got(both) == vllm_value
+
+
+def test_only_platforms_keys_of_kv_connector_extra_config_are_ours() -> None:
+    settings = PlatformSettings.load({}, env={}, overrides={"lmcache.chunk_size": 64, "mode": "exploded",
+                                                           "kernel_backend": "torch"})
+    assert settings == PlatformSettings()
+
+
+def test_connector_settings_reads_lmcache_config_object_and_vllm_extra(monkeypatch) -> None:
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    monkeypatch.setenv("LMCACHE_PLATFORMS_KERNEL_BACKEND", "cpu")
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64, extra_config={
+        "platforms.kernel_backend": "triton", "platforms.skip_groups": "1, MambaSpec"})
+    settings = connector_settings(config, {"platforms.kernel_backend": "torch"})
+    assert (settings.kernel_backend, settings.skip_groups) == ("torch", ("1", "MambaSpec"))
+    assert connector_settings(config, None).kernel_backend == "cpu"
+
+
+@pytest.mark.parametrize("source", ["extra_config", "environment", "kv_connector_extra_config"])
+def test_a_bad_mode_is_refused_from_every_source(source: str) -> None:
+    kwargs = {"extra_config": {}, "env": {}, "overrides": None}
+    if source == "extra_config":
+        kwargs["extra_config"] = {"platforms.mode": "fused"}
+    elif source == "environment":
+        kwargs["env"] = {"LMCACHE_PLATFORMS_MODE": "fused"}
+    else:
+        kwargs["overrides"] = {"platforms.mode": "fused"}
+    with pytest.raises(ValueError, match=r"^platforms.mode must be one of bundled, exploded, got 'fused'$"):
+        PlatformSettings.load(**kwargs)
