@@ -211,15 +211,48 @@ def prefill_size(data, remaining: int) -> int:
     return data.draw(st.sampled_from(sorted({s for s in range(2, remaining + 1) if remaining - s != 1})))
 
 
-@given(scheduler_cases(), st.data())
-def test_saves_and_loads_over_random_schedules_match_the_model(case, data) -> None:
-    groups, saved, chunk, prompt, max_outputs, discard_partial, save_decode = case
-    plan = GroupPlan(tuple(groups), tuple(g.index for g in saved))
+class TrackerDriver:
+    """The connector's scheduler side as ``MultiGroupConnectorImpl`` dispatches one request: a new request's
+    tracker, ``resume`` for a preempted one, ``roll_back`` when vLLM computed fewer tokens than tracked, then
+    ``append``; ``build_request_meta`` for the step."""
+
+    def __init__(self, plan: GroupPlan, chunk: int, discard_partial: bool, save_decode: bool) -> None:
+        self.plan, self.chunk, self.discard_partial, self.save_decode = plan, chunk, discard_partial, save_decode
+        self.tracker: RequestTracker | None = None
+
+    def step(self, kind: str, req: Request, n_before: int, scheduled: int, ids: list[list[int]],
+             load_spec: LoadSpec | None) -> tuple[RequestMeta | None, RequestTracker]:
+        if kind == "new":
+            new = NewRequestData(req_id="r", prompt_token_ids=req.prompt, mm_features=[], sampling_params=None,
+                                 pooling_params=None, block_ids=tuple(ids), num_computed_tokens=n_before,
+                                 lora_request=None)
+            self.tracker = RequestTracker.from_new_request(new, len(req.groups), n_before + scheduled,
+                                                           load_spec.lmcache_cached_tokens, False)
+        elif kind == "resumed":
+            self.tracker.resume(req.tokens, tuple(ids), n_before, scheduled, load_spec.lmcache_cached_tokens)
+        else:
+            if n_before < len(self.tracker.token_ids):
+                self.tracker.roll_back(n_before, req.tokens)
+            base = min(n_before, len(self.tracker.token_ids))
+            self.tracker.append(req.tokens[base : base + scheduled], tuple(ids))
+        meta = build_request_meta(self.tracker, self.plan, self.chunk, load_spec=load_spec,
+                                  discard_partial_chunks=self.discard_partial, save_decode_cache=self.save_decode)
+        return meta, self.tracker
+
+    def sampled(self, token: int) -> None:
+        pass
+
+
+def run_schedule(data, groups: list[KVGroup], saved: list[KVGroup], chunk: int, prompt: list[int],
+                 max_outputs: int, discard_partial: bool, save_decode: bool, driver, hits: bool = True) -> None:
+    """Drive one request through random vLLM steps and check every step's metadata against the model.
+
+    ``hits=False``: LMCache is never asked (no lookups, so no loads and no roll-backs)."""
     multi = len(saved) > 1
     largest = max(tokens_per_block(g) for g in groups)
-    lmcache = {(k + 1) * chunk for k in range(data.draw(st.integers(0, len(prompt) // chunk)))}  # another request's
+    seeded = data.draw(st.integers(0, len(prompt) // chunk)) if hits else 0  # stored by another request
+    lmcache = {(k + 1) * chunk for k in range(seeded)}
     req = Request(groups, prompt, max_outputs, tokens=list(prompt), true=[[] for _ in groups])
-    tracker: RequestTracker | None = None
     must_hold: set[int] = set()  # chunk ends the model requires in LMCache
     saved_mark = 0  # how far this request's tokens are known to LMCache (its hit, then its own saves)
     preemptions = rollbacks = 0
@@ -232,9 +265,9 @@ def test_saves_and_loads_over_random_schedules_match_the_model(case, data) -> No
             kind = "resumed" if req.started else "new"
             cap = total - 2 if total >= 2 else 0
             local = data.draw(st.integers(0, max(0, min(n_before if req.started else total, cap)) // largest)) * largest
-            hit = lookup(lmcache, total, chunk)
+            hit = lookup(lmcache, total, chunk) if hits else 0
             external = max(0, hit - local - (1 if hit == total else 0))
-            load_spec = LoadSpec(local, hit, external > 0)
+            load_spec = LoadSpec(local, hit, external > 0) if hits else None
             saved_mark = hit
             n_before = local + external
             req.true = [[] for _ in groups]
@@ -244,32 +277,19 @@ def test_saves_and_loads_over_random_schedules_match_the_model(case, data) -> No
             if len(req.tokens) - len(prompt) >= max_outputs:
                 break
             req.tokens.append(5000 + len(req.tokens))
+            driver.sampled(req.tokens[-1])
             continue
         decode = n_before >= len(prompt) and remaining == 1
         scheduled = 1 if decode else prefill_size(data, remaining)
         n_after = n_before + scheduled
         new_ids = req.allocate(n_after, n_before)
-        # --- the connector's scheduler side, dispatched as MultiGroupConnectorImpl does
-        if kind == "new":
-            new = NewRequestData(req_id="r", prompt_token_ids=prompt, mm_features=[], sampling_params=None,
-                                 pooling_params=None, block_ids=tuple(list(t) for t in req.true),
-                                 num_computed_tokens=n_before, lora_request=None)
-            tracker = RequestTracker.from_new_request(new, len(groups), n_after, load_spec.lmcache_cached_tokens,
-                                                      False)
-            req.told = [list(t) for t in req.true]
-        elif kind == "resumed":
-            tracker.resume(req.tokens, tuple(list(t) for t in req.true), n_before, scheduled,
-                           load_spec.lmcache_cached_tokens)
-            req.told = [list(t) for t in req.true]
-        else:
-            if n_before < len(tracker.token_ids):
-                tracker.roll_back(n_before, req.tokens)
-            base = min(n_before, len(tracker.token_ids))
-            tracker.append(req.tokens[base : base + scheduled], tuple(new_ids))
+        if kind == "running":
             for told, ids in zip(req.told, new_ids, strict=True):
                 told.extend(ids)
-        meta = build_request_meta(tracker, plan, chunk, load_spec=load_spec, discard_partial_chunks=discard_partial,
-                                  save_decode_cache=save_decode)
+        else:
+            req.told = [list(t) for t in req.true]
+        meta, tracker = driver.step(kind, req, n_before, scheduled, new_ids if kind == "running" else req.told,
+                                    load_spec)
         req.started, req.waiting, req.computed = True, False, n_after
         # --- what the step asks the workers to do, against the model
         assert tracker.token_ids == req.tokens[:n_after]
@@ -327,6 +347,104 @@ def test_saves_and_loads_over_random_schedules_match_the_model(case, data) -> No
             for c_end in [e for e in lmcache if e > lost]:
                 lmcache.discard(c_end)
             must_hold = {e for e in must_hold if e <= lost}
+
+
+@given(scheduler_cases(), st.data())
+def test_saves_and_loads_over_random_schedules_match_the_model(case, data) -> None:
+    groups, saved, chunk, prompt, max_outputs, discard_partial, save_decode = case
+    plan = GroupPlan(tuple(groups), tuple(g.index for g in saved))
+    driver = TrackerDriver(plan, chunk, discard_partial, save_decode)
+    run_schedule(data, groups, saved, chunk, prompt, max_outputs, discard_partial, save_decode, driver)
+
+
+class ConnectorDriver:
+    """The same steps through the real scheduler-side ``LMCachePlatformsConnector`` and vLLM's own records
+    (``Request``, ``NewRequestData``, ``CachedRequestData``, ``SchedulerOutput``): what vLLM hands it."""
+
+    def __init__(self, connector, req_id: str, prompt: list[int]) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request as VllmRequest
+
+        self.connector, self.req_id = connector, req_id
+        self.request = VllmRequest(req_id, prompt, SamplingParams(max_tokens=4096), None)
+
+    def _output(self, new=(), cached=None, scheduled=None, finished=()):
+        from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+        scheduled = scheduled or {}
+        return SchedulerOutput(
+            scheduled_new_reqs=list(new), scheduled_cached_reqs=cached or CachedRequestData.make_empty(),
+            num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(finished),
+            free_encoder_mm_hashes=[])
+
+    def step(self, kind: str, req: Request, n_before: int, scheduled: int, ids: list[list[int]],
+             load_spec: LoadSpec | None) -> tuple[RequestMeta | None, RequestTracker]:
+        from vllm.v1.core.sched.output import CachedRequestData
+
+        self.request.num_computed_tokens = n_before
+        if kind == "new":
+            self.connector.update_state_after_alloc(self.request, None, 0)
+            new = [NewRequestData.from_request(self.request, tuple(list(i) for i in ids))]
+            out = self._output(new=new, scheduled={self.req_id: scheduled})
+        else:
+            cached = CachedRequestData(
+                req_ids=[self.req_id], resumed_req_ids={self.req_id} if kind == "resumed" else set(),
+                new_token_ids=[[]], all_token_ids={}, new_block_ids=[tuple(list(i) for i in ids)],
+                num_computed_tokens=[n_before], num_output_tokens=[self.request.num_output_tokens])
+            out = self._output(cached=cached, scheduled={self.req_id: scheduled})
+        metas = {m.req_id: m for m in self.connector.build_connector_meta(out).requests}
+        return metas.get(self.req_id), self.connector._impl._request_trackers[self.req_id]
+
+    def sampled(self, token: int) -> None:
+        self.request.append_output_token_ids(token)
+
+    def finish(self) -> None:
+        self.connector.build_connector_meta(self._output(finished={self.req_id}))
+        assert self.req_id not in self.connector._impl._request_trackers
+
+
+@pytest.fixture(scope="module", params=["gemma3-like", "one-full-group"])
+def scheduler_connector(request, model_dir):
+    """A scheduler-side connector for a 4-group Gemma-3-like cache (window 64) or a single full-attention one."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+
+    from lmcache_platforms.integration.vllm.connector import LMCachePlatformsConnector
+    from tests.integration.specs import full, gemma_like, group
+    from tests.integration.vllm_env import vllm_config
+
+    if request.param == "gemma3-like":
+        kv_cache_config = gemma_like(window=64, num_blocks=4096)
+    else:
+        name = "model.layers.3.self_attn.attn"
+        kv_cache_config = KVCacheConfig(num_blocks=4096, kv_cache_tensors=[KVCacheTensor(
+            size=1, layers=[name], layer_stride=1, block_stride=1)], kv_cache_groups=[group([name], full())])
+    connector = LMCachePlatformsConnector(vllm_config(model_dir, "LMCachePlatformsConnector"),
+                                          KVConnectorRole.SCHEDULER, kv_cache_config)
+    yield connector
+    connector.shutdown()
+
+
+_requests = iter(range(10**9))
+
+
+@pytest.mark.slow
+@given(st.data())
+def test_the_real_scheduler_connector_follows_the_model(scheduler_connector, data) -> None:
+    """The connector's own dispatch (``build_connector_meta``: new, running, resumed, roll-back detection,
+    finished) over random schedules without LMCache hits: no lookups reach a worker here."""
+    impl = scheduler_connector._impl
+    groups = list(impl.plan.groups)
+    saved = [groups[i] for i in impl.plan.saved]
+    chunk = impl._lmcache_chunk_size
+    prompt = list(range(1000, 1000 + data.draw(st.integers(2, 4 * chunk))))
+    driver = ConnectorDriver(scheduler_connector, f"p{next(_requests)}", prompt)
+    try:
+        run_schedule(data, groups, saved, chunk, prompt, data.draw(st.integers(0, chunk)),
+                     impl._discard_partial_chunks, impl.config.save_decode_cache, driver, hits=False)
+    finally:
+        driver.finish()
 
 
 # ------------------------------------------------------------------------------ known disagreements
