@@ -1,0 +1,111 @@
+"""What vLLM's ``--kv-transfer-config`` does to our connector, through vLLM's real config and a real LMCache
+engine: ``platforms.*`` keys in ``kv_connector_extra_config`` win over the environment, LMCache's layerwise
+mode is refused, a bad mode is refused, and a model with a group we cannot restore never claims a hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+from vllm.v1.request import Request
+
+from lmcache_platforms.integration.vllm import health
+from tests.integration.specs import gemma_like, group, mamba
+from tests.integration.test_end_to_end import PROMPT, TABLE_A, admit
+from tests.integration.vllm_env import vllm_config
+from tests.integration.vllm_stack import Stack, start_stack, stop_stack
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Set in the environment and overridden by kv_connector_extra_config (auto would pick "cpu" here).
+ENV = {"LMCACHE_PLATFORMS_KERNEL_BACKEND": "cpu", "LMCACHE_PLATFORMS_MODE": "bundled"}
+VLLM_EXTRA = {"platforms.kernel_backend": "torch", "platforms.mode": "exploded"}
+
+
+def with_unrestorable_group(window: int = 64) -> KVCacheConfig:
+    """The Gemma-like model plus a Mamba layer: recurrent state LMCache chunks cannot restore."""
+    base = gemma_like(window)
+    names = [n for g in base.kv_cache_groups for n in g.layer_names] + ["model.layers.4.mixer"]
+    return KVCacheConfig(num_blocks=base.num_blocks, kv_cache_groups=[*base.kv_cache_groups,
+                                                                      group([names[-1]], mamba())],
+                         kv_cache_tensors=[KVCacheTensor(size=1, layers=names, layer_stride=1, block_stride=1)])
+
+
+def test_use_layerwise_and_a_bad_mode_are_refused_by_the_vllm_connector(model_dir) -> None:
+    """In a subprocess: see tests/integration/vllm_refusals.py."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("LMCACHE_PLATFORMS_MODE", None)
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.vllm_refusals", str(model_dir)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert refused["use_layerwise"] is not None
+    assert refused["use_layerwise"].startswith(
+        "ValueError: LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms vLLM "
+        "integration")
+    assert refused["bad_mode"] == "ValueError: platforms.mode must be one of bundled, exploded, got 'fused'"
+
+
+@pytest.fixture(scope="module")
+def tuned(model_dir) -> Iterator[Stack]:
+    """Both connector halves for the Gemma-like model plus a Mamba group, configured through
+    kv_connector_extra_config against contrary environment variables (one stack per process: two
+    schedulers would each wait for the other's socket when LMCache terminates its shared ZMQ context)."""
+    health.forget()
+    config = vllm_config(model_dir, "LMCachePlatformsConnector", **VLLM_EXTRA)
+    with pytest.MonkeyPatch.context() as env:  # settings are read when the connectors are built
+        for name, value in ENV.items():
+            env.setenv(name, value)
+        stack = start_stack(config, with_unrestorable_group())
+    yield stack
+    stop_stack(stack)
+
+
+def store_prefix(stack: Stack) -> int:
+    """Store PROMPT's first three chunks through the worker's LMCache engine, as the worker's save would were
+    the model restorable; the tokens LMCache then finds for PROMPT."""
+    impl = stack.worker.impl
+    engine = impl.lmcache_engine
+    tokens = torch.tensor(PROMPT[:192])
+    engine.store(tokens, block_ids=[*TABLE_A, [29, 30, 31, 32, 33, 34, 35]], request_configs=impl._key_tags)
+    return engine.lookup(torch.tensor(PROMPT), request_configs=impl._key_tags)
+
+
+def test_kv_connector_extra_config_selects_the_kernel_backend_of_the_bound_layout(tuned) -> None:
+    binding = tuned.worker.impl.lmcache_engine.gpu_connector.binding
+    assert binding.backend_names == ["torch"]
+    assert store_prefix(tuned) == 192
+    assert binding.counters.chunks_stored >= 3 and binding.counters.backends == {"torch"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine_impl._settings merges kv_connector_extra_config into extra_config before reading the environment, "
+    "so LMCACHE_PLATFORMS_MODE wins over it there; it should call config.connector_settings(config, kv_extra)"))
+def test_kv_connector_extra_config_selects_the_mode_of_the_bound_layout(tuned) -> None:
+    assert tuned.worker.impl.layout.mode == "exploded"
+
+
+def test_a_model_with_an_unrestorable_group_saves_nothing_and_claims_no_hit(tuned) -> None:
+    plan = tuned.scheduler.impl.plan
+    assert plan.saved == (0, 1, 2, 3) and list(plan.unrestorable) == [4] and not plan.hits_allowed
+    table = ([36, 37, 38, 39, 40, 41, 42], [43, 44, 45, 46, 47, 48, 49], [50, 51, 52, 53, 54, 55, 56],
+             [57, 58, 59, 60, 61, 62, 63], [1, 2, 3, 4, 5, 6, 7])
+    binding = tuned.worker.impl.lmcache_engine.gpu_connector.binding
+    stored_before = binding.counters.chunks_stored
+    hit, step = admit(tuned, "fresh", list(range(7000, 7200)), table)
+    tuned.step(step, {})
+    assert (hit, binding.counters.chunks_stored) == (0, stored_before)
+
+    assert store_prefix(tuned) == 192  # LMCache holds PROMPT's prefix ...
+    request = Request("u", PROMPT, SamplingParams(max_tokens=1), None)
+    assert tuned.scheduler.get_num_new_matched_tokens(request, 0) == (0, False)  # ... but no hit is claimed
