@@ -18,10 +18,9 @@ from vllm.v1.request import Request
 from lmcache_platforms.integration.vllm import health
 from tests.integration.specs import gemma_like
 from tests.integration.vllm_env import vllm_config
-from tests.integration.vllm_stack import gpu_connector_replaced, start_stack, stop_stack
+from tests.integration.vllm_stack import start_stack, stop_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not gpu_connector_replaced(), reason=(
-    "the patch catalog does not replace CreateGPUConnector yet: LMCache would run degraded on CPU"))]
+pytestmark = pytest.mark.slow
 
 WINDOW = 64
 PROMPT = list(range(1000, 1200))

@@ -10,10 +10,9 @@ from lmcache_platforms.integration.vllm import health
 from tests.integration.specs import full, group
 from tests.integration.test_end_to_end import PROMPT, admit, output
 from tests.integration.vllm_env import LAYERS, vllm_config
-from tests.integration.vllm_stack import gpu_connector_replaced, start_stack, stop_stack
+from tests.integration.vllm_stack import start_stack, stop_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not gpu_connector_replaced(), reason=(
-    "the patch catalog does not replace CreateGPUConnector yet: LMCache would run degraded on CPU"))]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.vllm_stack import gpu_connector_replaced
-
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not gpu_connector_replaced(), reason=(
-    "the patch catalog does not replace CreateGPUConnector yet: LMCache would run degraded on CPU"))]
+pytestmark = pytest.mark.slow
 
 
 def test_second_run_hits_lmcache_and_matches(tmp_path):

@@ -17,14 +17,6 @@ import torch
 from tests.integration.vllm_env import BLOCK, LAYERS
 
 HEADS, HEAD = 1, 64
-FACTORY_TARGET = "lmcache.v1.gpu_connector:CreateGPUConnector"
-
-
-def gpu_connector_replaced() -> bool:
-    """Whether the patch catalog gives vLLM's LMCache engines our connector (without it they run degraded)."""
-    from lmcache_platforms.patching.catalog import PATCHES
-
-    return any(p.target == FACTORY_TARGET for p in PATCHES)
 
 
 def _free_port() -> int:
