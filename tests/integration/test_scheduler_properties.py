@@ -205,10 +205,10 @@ def scheduler_cases(draw):
 
 
 def prefill_size(data, remaining: int) -> int:
-    """Tokens a prefill step schedules: never one alone (see the xfail test below), never leaving one."""
+    """Tokens a prefill step schedules: any number, one alone included (a scheduler's budget remainder)."""
     if remaining <= 1:
         return remaining
-    return data.draw(st.sampled_from(sorted({s for s in range(2, remaining + 1) if remaining - s != 1})))
+    return data.draw(st.integers(1, remaining))
 
 
 class TrackerDriver:
@@ -336,9 +336,7 @@ def run_schedule(data, groups: list[KVGroup], saved: list[KVGroup], chunk: int, 
             preemptions += 1
             req.waiting, req.true = True, [[] for _ in groups]
         elif (load_spec is not None and load_spec.can_load and rollbacks < 1 and not multi
-              and saved[0].sliding_window is None and scheduled > 1 and data.draw(st.booleans())):
-            # (after a one-token step the tracker believes it decodes and would never save the recomputed
-            # prompt again: the one-token xfail below)
+              and saved[0].sliding_window is None and data.draw(st.booleans())):
             rollbacks += 1
             lost = data.draw(st.integers(load_spec.vllm_cached_tokens // largest,
                                          (load_spec.lmcache_cached_tokens - 1) // largest)) * largest
@@ -450,10 +448,6 @@ def test_the_real_scheduler_connector_follows_the_model(scheduler_connector, dat
 # ------------------------------------------------------------------------------ known disagreements
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "RequestTracker.append marks the request as decoding whenever one token is scheduled (upstream LMCache's "
-    "rule, with its TODO about chunked prefill), and the flag never clears: a prefill step of one token "
-    "(a scheduler budget remainder) stops every later chunk of the prompt from being saved"))
 def test_a_one_token_prefill_step_does_not_stop_saving_the_prompt() -> None:
     group = KVGroup(index=0, block_size=16)
     plan = GroupPlan((group,), (0,))

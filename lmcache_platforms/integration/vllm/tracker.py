@@ -77,8 +77,7 @@ class RequestTracker:
         for ids, new in zip(self.block_ids, block_ids_per_group(new_block_ids, self.num_groups), strict=True):
             ids.extend(new)
         self.token_ids.extend(new_token_ids)
-        if len(new_token_ids) == 1:
-            self.is_decode_phase = True
+        self.is_decode_phase = self._decoding(len(new_token_ids))
 
     def resume(
         self,
@@ -94,7 +93,13 @@ class RequestTracker:
         self.num_saved_tokens = lmcache_cached_tokens
         needed = max(num_computed_tokens + num_new_tokens, lmcache_cached_tokens)
         self.token_ids = list(all_token_ids[:needed])
-        self.is_decode_phase = num_new_tokens == 1
+        self.is_decode_phase = self._decoding(num_new_tokens)
+
+    def _decoding(self, num_new_tokens: int) -> bool:
+        """A step of one token past the prompt is decoding; one token of the prompt (what a scheduler's budget
+        left) is still prefill, whose chunks must be saved (upstream's sticky "one token => decoding" flag
+        stopped saving the rest of such a prompt)."""
+        return num_new_tokens == 1 and len(self.token_ids) > self.prompt_len
 
     def roll_back(self, num_tokens: int, all_token_ids: Sequence[int]) -> None:
         """vLLM reset the request to ``num_tokens`` computed tokens (a failed load): forget the rest."""
