@@ -1,4 +1,5 @@
-"""Shared set-up of the connector tests: LMCache without telemetry, quiet logs, a throwaway redis-server."""
+"""Shared set-up of the connector tests: LMCache without telemetry, quiet logs, a throwaway redis-server
+(a missing redis-server skips the Redis tests on a developer's machine and fails them under CI)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.ci import missing
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
@@ -49,7 +52,8 @@ def redis_url(tmp_path: Path, closable_remote_backends: None) -> Iterator[str]:
     """``redis://127.0.0.1:PORT`` of a private redis-server (no persistence), stopped after the test."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed (Debian package redis-server; scripts/setup installs it)")
+        missing("redis-server is not on PATH (Debian package redis-server; scripts/test_services.sh installs it "
+                "when run as root, as `make test` does)")
     port = _free_port()
     server = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",

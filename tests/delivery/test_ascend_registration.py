@@ -76,7 +76,7 @@ def test_guard_keeps_other_duplicates_an_error(factory):
 
 
 def test_default_target_is_our_hma_connector(factory):
-    connector = pytest.importorskip("lmcache_platforms.integration.vllm.connector",
-                                    reason="the HMA connector module has not landed yet")
+    from lmcache_platforms.integration.vllm import connector
+
     reg.claim_ascend_connector_name(factory)
     assert factory._registry[NAME]() is connector.LMCachePlatformsConnector

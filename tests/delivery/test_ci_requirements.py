@@ -1,0 +1,93 @@
+"""Components the suite verifies must not silently go missing in CI: a missing redis-server fails
+``scripts/test_services.sh`` and the Redis tests under ``CI=true``, and a wrong upstream pin fails the
+delivery tests while only a registry pip cannot connect to skips them (and fails under CI)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import ci
+from tests.delivery.upstream import _download, _pip_download, registry_unreachable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def path_without_redis(tmp_path: Path) -> str:
+    """A PATH holding the venv's commands and ``id`` only: no redis-server, apt-get or sudo."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").symlink_to(shutil.which("id"))
+    return f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}"
+
+
+@pytest.mark.parametrize("value, expected", [("true", True), ("TRUE", True), ("1", True), ("yes", True),
+                                             ("", False), ("false", False), ("0", False)])
+def test_ci_flag(value: str, expected: bool) -> None:
+    assert ci.in_ci({"CI": value}) is expected
+    assert ci.in_ci({}) is False
+
+
+@pytest.mark.parametrize("ci_value", ["true", ""])
+def test_services_script_fails_under_ci_when_redis_cannot_be_installed(path_without_redis: str,
+                                                                       ci_value: str) -> None:
+    env = {**os.environ, "PATH": path_without_redis, "CI": ci_value}
+    done = subprocess.run(["/bin/bash", str(REPO / "scripts" / "test_services.sh")], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    if ci_value:
+        assert done.returncode == 1
+        assert "CI=true requires it for the Redis remote-backend tests" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "Redis tests will be skipped" in done.stderr
+
+
+@pytest.mark.parametrize("ci_value", ["true", ""])
+def test_redis_tests_fail_under_ci_without_redis_server(path_without_redis: str, ci_value: str) -> None:
+    test = "tests/connector/test_redis_remote.py::test_chunks_of_another_layout_are_never_found"
+    env = {**os.environ, "PATH": path_without_redis, "CI": ci_value}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rsf", test],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert "redis-server is not on PATH" in done.stdout, done.stdout[-3000:]
+    if ci_value:
+        assert done.returncode == 1 and "1 error" in done.stdout, done.stdout[-3000:]
+        assert "[CI=true: a component the suite verifies is missing; skipping is not allowed]" in done.stdout
+    else:
+        assert done.returncode == 0 and "1 skipped" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_version_the_registry_does_not_have_fails_the_test(tmp_path: Path) -> None:
+    """pip reaches the registry and says "No matching distribution found": a wrong pin, not offline."""
+    probe = _pip_download("vllm-ascend", "0.0.0.999", tmp_path / "probe", "-q")
+    output = probe.stdout + probe.stderr
+    if "(from versions: none)" in output:
+        ci.missing(f"the package registry listed no vllm-ascend version, so a wrong pin cannot be told apart: "
+                   f"{output.strip()[-300:]}")
+    assert probe.returncode != 0 and "No matching distribution found" in output, output
+    assert not registry_unreachable(output), output
+    with pytest.raises(pytest.fail.Exception, match=r"pip download vllm-ascend==0\.0\.0\.999 failed") as failed:
+        _download("vllm-ascend", "0.0.0.999", tmp_path)
+    assert "No matching distribution found" in str(failed.value)
+
+
+@pytest.mark.parametrize("ci_value", ["true", ""])
+def test_a_registry_pip_cannot_connect_to_skips_outside_ci_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               ci_value: str) -> None:
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("CI", ci_value)
+    expected = pytest.fail.Exception if ci_value else pytest.skip.Exception
+    with pytest.raises(expected, match=r"package registry unreachable, cannot fetch vllm-ascend==0\.23\.0\.post1"):
+        _download("vllm-ascend", "0.23.0.post1", tmp_path / "out")
