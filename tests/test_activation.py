@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import lmcache_platforms
 from lmcache_platforms import activation
 
@@ -96,3 +98,36 @@ def test_ensure_patched_applies_the_catalog_for_imported_upstream():
 
     assert activation.ensure_patched() is state
     assert upstream_connector.LMCacheConnectorV1Impl is MultiGroupConnectorImpl
+
+
+def _activate_against_lmcache_040(tmp_path, allow: str) -> tuple[dict, str, str]:
+    """Activation in a fresh interpreter whose metadata says lmcache 0.4.0 (tests/shadow_dist.py); then
+    LMCache's GPU connector module is imported: the status, who owns CreateGPUConnector, the log."""
+    from tests.shadow_dist import env_with, shadow_distribution
+
+    code = ("import json, lmcache_platforms as p, lmcache.v1.gpu_connector as g;"
+            "print(json.dumps([p.status(), g.CreateGPUConnector.__module__]))")
+    env = env_with(shadow_distribution(tmp_path, "lmcache", "0.4.0"), LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=allow)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                          env=env)
+    state, owner = json.loads(done.stdout.strip().splitlines()[-1])
+    return state, owner, done.stderr
+
+
+@pytest.mark.parametrize("allow", ["", "0"])
+def test_an_unknown_lmcache_version_is_refused_without_the_variable(tmp_path, allow):
+    state, owner, _ = _activate_against_lmcache_040(tmp_path, allow)
+    assert state["activated"] is False and not any(p["applied"] for p in state["patches"])
+    assert state["error"] == (
+        "UnsupportedUpstreamVersion: installed lmcache 0.4.0 is not a version these patches know (known: ==0.5.6) "
+        "(set LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1 to try anyway)")
+    assert owner == "lmcache.v1.gpu_connector"
+
+
+@pytest.mark.parametrize("allow", ["1", "YES"])
+def test_allow_unknown_versions_from_the_environment_patches_with_a_warning(tmp_path, allow):
+    state, owner, log = _activate_against_lmcache_040(tmp_path, allow)
+    assert state["activated"] is True and state["error"] is None
+    assert owner == "lmcache_platforms.connector.factory"
+    assert "installed lmcache 0.4.0 is not a version these patches know (known: ==0.5.6); patching anyway because " \
+           "LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1" in log

@@ -52,3 +52,26 @@ def test_failed_patch_or_activation_error_means_exit_1():
     report = {"error": None, "patches": [], "connectors": {"state": "registered"},
               "engines": [{"role": "worker", "stage": "init", "degraded": True, "reason": "No connector"}]}
     assert doctor.problems(report) == ["LMCache engine of the worker is in degraded mode (init: No connector)"]
+
+
+def test_refused_activation_exits_1_with_the_reason(tmp_path):
+    """A real refusal (package metadata says lmcache 0.4.0, tests/shadow_dist.py): exit 1, one stderr line."""
+    from tests.shadow_dist import env_with, shadow_distribution
+
+    result = subprocess.run([sys.executable, "-m", "lmcache_platforms.cli.main", "doctor", "--json"],
+                            capture_output=True, text=True, timeout=120,
+                            env=env_with(shadow_distribution(tmp_path, "lmcache", "0.4.0")))
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["activated"] is False and report["versions"]["lmcache"] == "0.4.0"
+    reason = ("activation failed: UnsupportedUpstreamVersion: installed lmcache 0.4.0 is not a version these "
+              "patches know (known: ==0.5.6) (set LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1 to try anyway)")
+    assert f"doctor: {reason}" in result.stderr.splitlines()
+
+
+def test_a_platform_that_cannot_be_used_exits_1():
+    result = _doctor(LMCACHE_PLATFORMS_DEVICE="tpu")
+    assert result.returncode == 1
+    assert "doctor: activation failed: PlatformError: unknown platform 'tpu'; known: npu, xpu, cuda, cpu" in \
+        result.stderr.splitlines()
+    assert result.stdout.startswith("activated: False   platform: unknown")
