@@ -100,4 +100,7 @@ def test_answers_unlike_a_server_without_a_connector_are_a_problem() -> None:
     run.outcomes["none"] = Outcome("vLLM, no connector", {"cold": reference})
     result = summary(run)
     assert result["identical"] and result["identical_to_no_connector"] is False
-    assert problems(result) == ["our warm pass produced different tokens from vLLM without a connector"]
+    assert result["different_from_no_connector"] == 1
+    assert result["no_connector_verdicts"] == ["DIFFERENT from token 1", "identical", "identical"]
+    assert problems(result) == ["1 request(s) of our warm pass produced different tokens from vLLM without a "
+                                "connector (beyond a bf16 tie)"]
