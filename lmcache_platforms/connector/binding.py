@@ -75,6 +75,26 @@ class LayoutBinding:
             for fmt in self.formats for launch in fmt.launches
         }
         self.counters = TransferCounters()
+        # Why the planes' memory may not be touched now (vLLM's sleep mode unmaps it); None: it may.
+        self.released: str | None = None
+
+    def release(self, why: str) -> None:
+        """Refuse every transfer from now on, then wait for the copies already queued on the transfer streams:
+        the memory behind the planes is about to be unmapped, and a late copy would fault or read garbage."""
+        self.released = why
+        for stream in (self.streams.store_stream, self.streams.load_stream):
+            if stream is not None:
+                stream.synchronize()
+
+    def reacquire(self) -> None:
+        """Allow transfers again; the caller has checked the planes' memory is back at the same addresses."""
+        self.released = None
+
+    def _check_usable(self) -> None:
+        """The backstop for paths that do not go through the vLLM connector (LMCache's offload server)."""
+        if self.released is not None:
+            raise TransferError(f"the KV caches behind this layout are released ({self.released}); no store or "
+                                "load may touch them until they are restored")
 
     @property
     def backend_names(self) -> list[str]:
@@ -92,6 +112,7 @@ class LayoutBinding:
     def store(self, fmt: ChunkFormat, host: torch.Tensor, block_ids: Sequence[torch.Tensor], start: int,
               end: int) -> None:
         """Planes -> ``host`` (the MemoryObj's bytes); call inside ``streams.storing()``."""
+        self._check_usable()
         target = host if not self.scratch else self.scratch[Direction.STORE].get(fmt.payload_bytes)
         for launch in fmt.launches:
             backend = self._backends[id(launch.planes)]
@@ -105,6 +126,7 @@ class LayoutBinding:
     def load(self, fmt: ChunkFormat, host: torch.Tensor, block_ids: Sequence[torch.Tensor], start: int,
              end: int) -> None:
         """``host`` -> planes; call inside ``streams.loading()``."""
+        self._check_usable()
         source = host
         if self.scratch:
             source = self.scratch[Direction.LOAD].get(fmt.payload_bytes)

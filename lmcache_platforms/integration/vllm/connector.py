@@ -26,6 +26,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from lmcache_platforms.activation import ensure_patched
 
 if TYPE_CHECKING:
+    from vllm.config.kv_transfer import KVTransferConfig
+
     from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
 
 
@@ -106,6 +108,26 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._impl.get_block_ids_with_load_errors()
+
+    # vLLM 0.33 sleep mode (0.32 and 0.23 never call these; they are plain extra methods there)
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """True, checked rather than inherited (vLLM's default is True for every connector): the KV tensors are
+        the only device memory of ours that sleep mode takes away (LMCache's engine, our scratch buffers and
+        kernel tables are allocated outside vLLM's cumem pools, its chunks live in host memory, disk or remote
+        storage); between unregister and restore no transfer touches those tensors; restore checks they are
+        back at the bound addresses and rebinds or refuses when not. LMCache's chunks survive sleep, so
+        prefixes stored before it are loaded again after wake-up. Decided from the class alone (vLLM asks
+        while validating its config, before any connector exists), so ``kv_transfer_config`` is not read."""
+        return True
+
+    def unregister_kv_caches(self) -> None:
+        """Before sleep mode unmaps the KV memory: stores and loads stop touching it. Idempotent."""
+        self._impl.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        """After wake-up: transfers resume once the KV tensors are checked (or rebound). Idempotent."""
+        self._impl.restore_kv_caches()
 
     def shutdown(self) -> None:
         """Idempotent: vLLM's engine shutdown and our exit hook may both call it."""

@@ -8,11 +8,14 @@ failed-block reporting. Rules on top of upstream's:
   - a failed load is reported per block with each group's own block size; vLLM cannot map block
     failures back to requests when there are several groups, so there we stop with a clear error rather
     than let the forward read rows that never arrived;
-  - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``.
+  - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
+  - vLLM 0.33 sleep mode: between ``unregister_kv_caches`` and ``restore_kv_caches`` nothing of ours touches
+    the KV tensors (a save is skipped, a load reported failed), and restore checks they did not move.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from lmcache.integration.vllm.vllm_v1_adapter import (
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
@@ -41,6 +45,39 @@ SETTINGS_PREFIX = "platforms."
 
 class MultiGroupLoadError(RuntimeError):
     """A load came back short for a model with several KV-cache groups, which vLLM cannot recompute."""
+
+
+class KVCacheMovedError(RuntimeError):
+    """After vLLM's wake-up a KV cache tensor is no longer where it was bound, and cannot be rebound."""
+
+
+Signature = tuple[tuple[int, tuple[int, ...], tuple[int, ...], str, str], ...]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """A registered layer's tensors: one tensor, or (vLLM 0.23 / vllm-ascend) a tuple or list of them."""
+    return [value] if isinstance(value, torch.Tensor) else [t for item in value for t in _tensors(item)]
+
+
+def kv_signature(value: Any) -> Signature:
+    """What a layer's bound planes depend on: each tensor's address, shape, strides, dtype and device."""
+    return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
+                 for t in _tensors(value))
+
+
+def moved_layers(bound: Mapping[str, Signature], kv_caches: Mapping[str, Any]) -> dict[str, str]:
+    """Layer name -> how its tensors differ from what was bound (only the layers that differ)."""
+    moved = {}
+    for name, was in bound.items():
+        value = kv_caches.get(name)
+        now = kv_signature(value) if value is not None else None
+        if now != was:
+            moved[name] = "gone" if now is None else f"was {_describe(was)}, now {_describe(now)}"
+    return moved
+
+
+def _describe(signature: Signature) -> str:
+    return "; ".join(f"{hex(ptr)} {list(shape)} {dtype} on {device}" for ptr, shape, _, dtype, device in signature)
 
 
 def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
@@ -85,6 +122,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self._num_blocks = kv_cache_config.num_blocks
         self.layout = None
         self._key_tags: dict[str, str] = {}
+        # vLLM 0.33 sleep mode: the KV caches may be unmapped while this is set (see unregister_kv_caches).
+        self._kv_unregistered = False
+        self._skips_logged = False
+        self._kv_signatures: dict[str, Signature] = {}
 
     # ------------------------------------------------------------------ worker side
 
@@ -98,6 +139,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if self.plan.saved and self.lmcache_engine is not None:  # degraded mode moves nothing
             self._attach_layout(kv_caches)
         self.kv_caches = kv_caches
+        self._kv_signatures = {name: kv_signature(value) for name, value in kv_caches.items()}
         self._manager.post_init()
         health.record(self._role_name, "post_init", self._manager)
 
@@ -141,7 +183,25 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             spec = request.load_spec
             if spec is None or not spec.can_load:
                 continue
-            self._load_one(engine, request, kvcaches)
+            if self._kv_unregistered:
+                self._skip_load(engine, request)
+            else:
+                self._load_one(engine, request, kvcaches)
+
+    def _skip_load(self, engine: Any, request: RequestMeta) -> None:
+        """A load while the KV caches are unregistered (vLLM stepped before restore_kv_caches): nothing is
+        copied into memory that may be unmapped, and the tokens count as not loaded, so vLLM recomputes them
+        rather than decode from rows that never arrived (with several groups it cannot: stop)."""
+        spec = request.load_spec
+        assert spec is not None
+        if not self.async_loading:
+            engine.lookup_unpin(request.req_id)
+        logger.error("request %s: not loading tokens [%d, %d): the KV caches are unregistered (vLLM sleep mode) "
+                     "and restore_kv_caches was not called", request.req_id, spec.vllm_cached_tokens,
+                     spec.lmcache_cached_tokens)
+        self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens,
+                        "the KV caches are unregistered (vLLM sleep mode, restore_kv_caches not called), so "
+                        "LMCache did not load tokens")
 
     def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any]) -> None:
         spec = request.load_spec
@@ -174,12 +234,17 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d, blocks %s",
                      request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first,
                      sorted(blocks))
+        self._fail_load(request, first, num_tokens, "LMCache could not load tokens")
+
+    def _fail_load(self, request: RequestMeta, first: int, num_tokens: int, what: str) -> None:
+        """Tokens ``[first, num_tokens)`` did not arrive: their blocks go to vLLM to recompute, or, with several
+        groups (vLLM cannot map block failures back to requests then), the step stops."""
         if self.plan.multi_group:
             raise MultiGroupLoadError(
-                f"request {request.req_id}: LMCache could not load tokens [{first}, {num_tokens}) of a model with "
+                f"request {request.req_id}: {what} [{first}, {num_tokens}) of a model with "
                 f"{len(self.plan.saved)} KV-cache groups; vLLM cannot recompute block failures with several "
                 "groups, so stopping instead of decoding from KV that never arrived")
-        self._invalid_block_ids.update(blocks)
+        self._invalid_block_ids.update(request.failed_blocks(first, num_tokens))
 
     def wait_for_save(self) -> None:
         engine = self.lmcache_engine
@@ -190,6 +255,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         for request in metadata.requests:
             engine.lookup_unpin(request.req_id)
             if self.kv_role == "kv_consumer":
+                continue
+            if self._kv_unregistered:
+                self._log_skipped_save(request.req_id)
                 continue
             spec = request.save_spec
             if spec is None or not spec.can_save:
@@ -208,6 +276,92 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 offset=start,
                 **self._transfer_kwargs(request, request.block_ids),
             )
+
+    def _log_skipped_save(self, req_id: str) -> None:
+        """A skipped save costs a future cache miss only, so it is logged (once per sleep), not raised."""
+        if self._skips_logged:
+            logger.debug("request %s: not saved, the KV caches are unregistered", req_id)
+            return
+        self._skips_logged = True
+        logger.warning("request %s: not saving to LMCache: the KV caches are unregistered (vLLM sleep mode) and "
+                       "restore_kv_caches was not called; saves are skipped until it is", req_id)
+
+    # ------------------------------------------------------------------ vLLM 0.33 sleep mode
+
+    def _binding(self) -> Any:
+        """Our GPU connector's binding (None in degraded mode, with upstream's connector, or before binding)."""
+        connector = getattr(self.lmcache_engine, "gpu_connector", None)
+        return getattr(connector, "binding", None)
+
+    def unregister_kv_caches(self) -> None:
+        """Before sleep mode unmaps the KV memory: from here on no store or load touches the KV tensors (saves
+        are skipped, loads reported failed, and the binding refuses transfers from LMCache's own threads).
+        vLLM has drained its transfers; ours are synchronous, and the binding waits for its streams anyway.
+        References to the tensors are kept: vLLM keeps them too, and restore needs them. Idempotent."""
+        if self._kv_unregistered:
+            return
+        self._kv_unregistered = True
+        self._skips_logged = False
+        binding = self._binding()
+        if binding is not None:
+            binding.release("unregistered for vLLM sleep mode")
+        if self.kv_caches:
+            logger.info("KV caches unregistered (vLLM sleep mode): LMCache stores and loads are off until "
+                        "restore_kv_caches")
+
+    def restore_kv_caches(self) -> None:
+        """After wake-up: transfers resume once every registered KV tensor is where it was bound (the cumem
+        allocator maps the same virtual addresses again; the contents are gone, which costs nothing here since
+        LMCache's chunks live outside them). A tensor that moved is rebound if the chunk format stays the
+        same, else KVCacheMovedError names it and transfers stay off. Idempotent."""
+        if not self._kv_unregistered:
+            return
+        moved = moved_layers(self._kv_signatures, self.kv_caches)
+        if moved:
+            self._rebind(moved)
+        binding = self._binding()
+        if binding is not None:
+            binding.reacquire()
+        self._kv_unregistered = False
+        if self.kv_caches:
+            logger.info("KV caches restored after vLLM sleep mode: LMCache stores and loads are back on")
+
+    def _rebind(self, moved: dict[str, str]) -> None:
+        """Bind the layout of the tensors vLLM now holds, or refuse. ``self.kv_caches`` is the dict vLLM
+        registered, whose tensor objects its attention layers use: a backend that moves the memory keeps those
+        objects and repoints them (``set_``), or replaces the dict's entries."""
+        listed = "; ".join(f"layer {name!r}: {how}" for name, how in list(moved.items())[:4])
+        engine = self.lmcache_engine
+        connector = getattr(engine, "gpu_connector", None)
+        if self.layout is None or not hasattr(connector, "bind"):
+            if engine is not None and self.plan.saved and connector is not None:
+                raise KVCacheMovedError(f"KV caches moved during vLLM sleep mode ({listed}); LMCache's GPU "
+                                        f"connector {type(connector).__name__} cannot be rebound, so transfers "
+                                        "stay off")
+            self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
+            return  # nothing bound (degraded mode or nothing saved): nothing to rebind
+        old_binding = connector.binding
+        try:
+            layout = build_layout(self.kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
+                                  vllm_hint_for(self._vllm_config), self._num_blocks)
+        except (ValueError, RuntimeError) as exc:  # LayoutError, TransferError, UnknownCacheLayout
+            raise KVCacheMovedError(f"KV caches moved during vLLM sleep mode ({listed}) and their layout cannot "
+                                    f"be described: {exc}; transfers stay off") from exc
+        fmt = paged_format(layout)
+        was = old_binding.formats
+        if len(was) != 1 or (fmt.fingerprint, fmt.shape, fmt.dtype) != (was[0].fingerprint, was[0].shape,
+                                                                       was[0].dtype):
+            raise KVCacheMovedError(
+                f"KV caches moved during vLLM sleep mode ({listed}) and their chunk format changed (key tag "
+                f"{old_binding.fingerprint} -> {fmt.fingerprint}, {was[0].nbytes} -> {fmt.nbytes} bytes per "
+                "chunk): LMCache's chunk shape and keys were fixed when the caches were registered; transfers "
+                "stay off")
+        connector.bind(layout)
+        connector.binding.counters = old_binding.counters
+        self.layout = layout
+        self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
+        logger.warning("KV caches moved during vLLM sleep mode (%s); rebound the same chunk format (key tag %s)",
+                       listed, fmt.fingerprint)
 
     def shutdown(self) -> None:
         """Chunk writes still in flight to LMCache's slower tiers finish first (bounded), so a server stopped
