@@ -88,9 +88,6 @@ def test_kv_connector_extra_config_selects_the_kernel_backend_of_the_bound_layou
     assert binding.counters.chunks_stored >= 3 and binding.counters.backends == {"torch"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine_impl._settings merges kv_connector_extra_config into extra_config before reading the environment, "
-    "so LMCACHE_PLATFORMS_MODE wins over it there; it should call config.connector_settings(config, kv_extra)"))
 def test_kv_connector_extra_config_selects_the_mode_of_the_bound_layout(tuned) -> None:
     assert tuned.worker.impl.layout.mode == "exploded"
 

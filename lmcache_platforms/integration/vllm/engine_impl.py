@@ -27,7 +27,7 @@ from lmcache.integration.vllm.vllm_v1_adapter import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
@@ -40,7 +40,6 @@ from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
 
-SETTINGS_PREFIX = "platforms."
 
 
 class MultiGroupLoadError(RuntimeError):
@@ -81,11 +80,10 @@ def _describe(signature: Signature) -> str:
 
 
 def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
-    """Our keys from LMCache's ``extra_config``, overridden by vLLM's ``kv_connector_extra_config``."""
-    extra = dict(getattr(lmcache_config, "extra_config", None) or {})
-    kv_extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
-    extra.update({k: v for k, v in kv_extra.items() if k.startswith(SETTINGS_PREFIX)})
-    return PlatformSettings.load(extra)
+    """Our keys as the GPU connector reads them: vLLM's ``kv_connector_extra_config`` over the environment over
+    LMCache's ``extra_config``."""
+    return connector_settings(lmcache_config, getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config",
+                                                      None))
 
 
 def _is_resumed(cached_reqs: Any, index: int, req_id: str) -> bool:
