@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -117,22 +118,27 @@ def test_store_and_load_order_of_waits_records_and_copies(accelerator, name: str
         store, load = engine.connector.store_stream, engine.connector.load_stream
         assert isinstance(store, FakeStream) and isinstance(load, FakeStream) and store is not load
         assert binding.streams.platform is platform and binding.scratch.keys() == set(Direction)
-        stored = roundtrip.snapshot(layout, request)
-        with runtime.watching(tagger(layout, engine)):
-            runtime.log.clear()
-            engine.store(request.tokens, request.store_ids)
-            store_log = device_steps(runtime.log)
-            roundtrip.zero_planes(layout)
-            runtime.log.clear()
-            hit = engine.retrieve(request.tokens, request.load_ids)
-            load_log = device_steps(runtime.log)
-        verdict = roundtrip.verify(layout, request, stored, hit)
+        store_log, load_log, verdict = _watched_round_trip(layout, request, engine, runtime)
     assert verdict.bit_exact, verdict.problems
     assert store_log == expected_store(store.name, chunks)
     events = [entry[1] for entry in load_log if entry[0] == "record"]
     assert len(events) == 1
     assert load_log == expected_load(load.name, chunks, events[0])
     assert binding.scratch[Direction.STORE]._buffer.data_ptr() != binding.scratch[Direction.LOAD]._buffer.data_ptr()
+
+
+def _watched_round_trip(layout: Any, request: Any, engine: Any, runtime: Any) -> tuple[list, list, Any]:
+    """Store, wipe, load under the recorder: the device steps of the store, of the load, and the verdict."""
+    stored = roundtrip.snapshot(layout, request)
+    with runtime.watching(tagger(layout, engine)):
+        runtime.log.clear()
+        engine.store(request.tokens, request.store_ids)
+        store_log = device_steps(runtime.log)
+        roundtrip.zero_planes(layout)
+        runtime.log.clear()
+        hit = engine.retrieve(request.tokens, request.load_ids)
+        load_log = device_steps(runtime.log)
+    return store_log, load_log, roundtrip.verify(layout, request, stored, hit)
 
 
 def test_layerwise_compute_waits_for_each_step_of_the_load(accelerator) -> None:
@@ -146,16 +152,7 @@ def test_layerwise_compute_waits_for_each_step_of_the_load(accelerator) -> None:
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
     with LayoutEngine(layout, storage, kernel_backend="torch", layerwise=True, layer_steps=steps) as engine:
         store, load = engine.connector.store_stream.name, engine.connector.load_stream.name
-        stored = roundtrip.snapshot(layout, request)
-        with runtime.watching(tagger(layout, engine)):
-            runtime.log.clear()
-            engine.store(request.tokens, request.store_ids)
-            store_log = device_steps(runtime.log)
-            roundtrip.zero_planes(layout)
-            runtime.log.clear()
-            hit = engine.retrieve(request.tokens, request.load_ids)
-            load_log = device_steps(runtime.log)
-        verdict = roundtrip.verify(layout, request, stored, hit)
+        store_log, load_log, verdict = _watched_round_trip(layout, request, engine, runtime)
     assert verdict.bit_exact, verdict.problems
     assert store_log == expected_store(store, chunks) * steps
     events = [entry[1] for entry in load_log if entry[0] == "record"]
