@@ -62,6 +62,10 @@ def base_env(resources: Resources) -> dict[str, str]:
         "LMCACHE_TRACK_USAGE": "false",
         "TOKENIZERS_PARALLELISM": "false",
     })
+    # The demo reads LMCache's and our INFO lines (KV-cache groups, hits): a quieter level inherited from the
+    # caller would hide them; a more verbose one is kept.
+    if env.get("LMCACHE_LOG_LEVEL", "INFO").upper() not in {"DEBUG", "INFO"}:
+        env["LMCACHE_LOG_LEVEL"] = "INFO"
     return env
 
 

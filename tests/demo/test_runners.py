@@ -73,3 +73,15 @@ def test_a_missing_lmcache_cli_is_a_clear_server_failure(tmp_path: Path, monkeyp
     server = LMCacheServer(tmp_path, Resources.available(), chunk_size=32)
     with pytest.raises(PassFailed, match=r"lmcache server cannot run: LMCache's command-line tool is not at "):
         server.__enter__()
+
+
+@pytest.mark.parametrize(("inherited", "given"), [(None, "INFO"), ("WARNING", "INFO"), ("error", "INFO"),
+                                                   ("DEBUG", "DEBUG"), ("info", "info")])
+def test_passes_log_at_least_info_whatever_level_the_caller_set(
+        monkeypatch: pytest.MonkeyPatch, inherited: str | None, given: str) -> None:
+    """The demo reads INFO lines (groups, hits); a quieter level leaked from the caller once hid them."""
+    if inherited is None:
+        monkeypatch.delenv("LMCACHE_LOG_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("LMCACHE_LOG_LEVEL", inherited)
+    assert base_env(Resources.available()).get("LMCACHE_LOG_LEVEL", "INFO") == given
