@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData
 from vllm.v1.request import Request, RequestStatus
 
 from lmcache_platforms.integration.vllm.connector import LMCachePlatformsConnector
 from tests.integration.specs import gemma_like
 from tests.integration.vllm_env import BLOCK, vllm_config
+from tests.integration.vllm_env import scheduler_output as output
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +50,6 @@ def new_data(req: Request, block_ids, computed: int = 0) -> NewRequestData:
     return NewRequestData.from_request(req, block_ids)
 
 
-def output(new=(), cached=None, scheduled=None, finished=()) -> SchedulerOutput:
-    scheduled = scheduled or {}
-    return SchedulerOutput(
-        scheduled_new_reqs=list(new), scheduled_cached_reqs=cached or CachedRequestData.make_empty(),
-        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(finished),
-        free_encoder_mm_hashes=[])
 
 
 def cached(entries, resumed=()) -> CachedRequestData:

@@ -41,6 +41,7 @@ from lmcache_platforms.integration.vllm.request_meta import (
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.slots import chunk_slots
+from tests.integration.vllm_env import scheduler_output
 from tests.layout.strategies import kv_groups
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -366,16 +367,6 @@ class ConnectorDriver:
         self.connector, self.req_id = connector, req_id
         self.request = VllmRequest(req_id, prompt, SamplingParams(max_tokens=4096), None)
 
-    def _output(self, new=(), cached=None, scheduled=None, finished=()):
-        from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
-
-        scheduled = scheduled or {}
-        return SchedulerOutput(
-            scheduled_new_reqs=list(new), scheduled_cached_reqs=cached or CachedRequestData.make_empty(),
-            num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(finished),
-            free_encoder_mm_hashes=[])
-
     def step(self, kind: str, req: Request, n_before: int, scheduled: int, ids: list[list[int]],
              load_spec: LoadSpec | None) -> tuple[RequestMeta | None, RequestTracker]:
         from vllm.v1.core.sched.output import CachedRequestData
@@ -384,13 +375,13 @@ class ConnectorDriver:
         if kind == "new":
             self.connector.update_state_after_alloc(self.request, None, 0)
             new = [NewRequestData.from_request(self.request, tuple(list(i) for i in ids))]
-            out = self._output(new=new, scheduled={self.req_id: scheduled})
+            out = scheduler_output(new=new, scheduled={self.req_id: scheduled})
         else:
             cached = CachedRequestData(
                 req_ids=[self.req_id], resumed_req_ids={self.req_id} if kind == "resumed" else set(),
                 new_token_ids=[[]], all_token_ids={}, new_block_ids=[tuple(list(i) for i in ids)],
                 num_computed_tokens=[n_before], num_output_tokens=[self.request.num_output_tokens])
-            out = self._output(cached=cached, scheduled={self.req_id: scheduled})
+            out = scheduler_output(cached=cached, scheduled={self.req_id: scheduled})
         metas = {m.req_id: m for m in self.connector.build_connector_meta(out).requests}
         return metas.get(self.req_id), self.connector._impl._request_trackers[self.req_id]
 
@@ -398,7 +389,7 @@ class ConnectorDriver:
         self.request.append_output_token_ids(token)
 
     def finish(self) -> None:
-        self.connector.build_connector_meta(self._output(finished={self.req_id}))
+        self.connector.build_connector_meta(scheduler_output(finished={self.req_id}))
         assert self.req_id not in self.connector._impl._request_trackers
 
 

@@ -42,3 +42,16 @@ def vllm_config(model: Path, connector: str, disable_hma: bool | None = None, **
         disable_hybrid_kv_cache_manager=disable_hma,
     )
     return args.create_engine_config()
+
+
+def scheduler_output(new: Any = (), cached: Any = None, scheduled: dict[str, int] | None = None,
+                     finished: Any = ()) -> Any:
+    """A real ``SchedulerOutput`` for one step: new and cached requests, tokens scheduled, finished ids."""
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+    scheduled = scheduled or {}
+    return SchedulerOutput(
+        scheduled_new_reqs=list(new), scheduled_cached_reqs=cached or CachedRequestData.make_empty(),
+        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(finished),
+        free_encoder_mm_hashes=[])
