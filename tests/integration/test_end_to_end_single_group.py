@@ -6,25 +6,15 @@ from __future__ import annotations
 import pytest
 from vllm.v1.core.sched.output import CachedRequestData
 
-from lmcache_platforms.integration.vllm import health
-from tests.integration.specs import full, group
 from tests.integration.test_end_to_end import PROMPT, admit, output
-from tests.integration.vllm_env import LAYERS, vllm_config
-from tests.integration.vllm_stack import start_stack, stop_stack
+from tests.integration.vllm_stack import single_group_stack
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def single(model_dir):
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
-
-    config = KVCacheConfig(num_blocks=32, kv_cache_groups=[group(list(LAYERS), full())], kv_cache_tensors=[
-        KVCacheTensor(size=1, layers=list(LAYERS), layer_stride=1, block_stride=1)])
-    health.forget()
-    stack = start_stack(vllm_config(model_dir, "LMCachePlatformsConnector", disable_hma=True), config)
-    yield stack
-    stop_stack(stack)
+    yield from single_group_stack(model_dir)
 
 
 def test_failed_blocks_are_reported_then_recomputed_and_stored_again(single):

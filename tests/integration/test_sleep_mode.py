@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lmcache_platforms.integration.vllm import health
-from tests.integration.specs import full, gemma_like, group
+from tests.integration.specs import gemma_like
 from tests.integration.test_end_to_end import (
     TABLE_A,
     TABLE_B,
@@ -25,8 +25,8 @@ from tests.integration.test_end_to_end import (
     raw_blocks,
     with_copies,
 )
-from tests.integration.vllm_env import LAYERS, vllm_config
-from tests.integration.vllm_stack import HEAD, start_stack, stop_stack
+from tests.integration.vllm_env import vllm_config
+from tests.integration.vllm_stack import HEAD, single_group_stack, start_stack, stop_stack
 
 
 def prompt(seed: int) -> list[int]:
@@ -242,14 +242,7 @@ class TestOneGroup:
 
     @pytest.fixture(scope="class")
     def single(self, model_dir):
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
-
-        config = KVCacheConfig(num_blocks=32, kv_cache_groups=[group(list(LAYERS), full())], kv_cache_tensors=[
-            KVCacheTensor(size=1, layers=list(LAYERS), layer_stride=1, block_stride=1)])
-        health.forget()
-        stack = start_stack(vllm_config(model_dir, "LMCachePlatformsConnector", disable_hma=True), config)
-        yield stack
-        stop_stack(stack)
+        yield from single_group_stack(model_dir)
 
     def test_a_load_while_unregistered_moves_nothing_and_reports_the_blocks(self, single):
         tokens = prompt(16)

@@ -9,6 +9,7 @@ scheduler's lookups reach the worker's lookup server over ZMQ, as in vLLM.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,3 +138,20 @@ def stop_stack(stack: Stack) -> None:
     stack.worker.shutdown()
     stack.scheduler.shutdown()
     destroy_distributed()
+
+
+def single_group_stack(model_dir: Any) -> Iterator[Stack]:
+    """A started stack for a model whose layers all form one full-attention group (hybrid manager off);
+    stopped when the generator resumes (use as a fixture body: ``yield from single_group_stack(...)``)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+
+    from lmcache_platforms.integration.vllm import health
+    from tests.integration.specs import full, group
+    from tests.integration.vllm_env import vllm_config
+
+    config = KVCacheConfig(num_blocks=32, kv_cache_groups=[group(list(LAYERS), full())], kv_cache_tensors=[
+        KVCacheTensor(size=1, layers=list(LAYERS), layer_stride=1, block_stride=1)])
+    health.forget()
+    stack = start_stack(vllm_config(model_dir, "LMCachePlatformsConnector", disable_hma=True), config)
+    yield stack
+    stop_stack(stack)
