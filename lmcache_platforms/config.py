@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 MODES = ("bundled", "exploded")
+LOAD_MODES = ("async", "sync")
 SETTINGS_PREFIX = "platforms."
 
 
@@ -40,6 +41,10 @@ SETTINGS: tuple[Setting, ...] = (
             "comma list of spec class names or group indices always saved, even if they look like state"),
     Setting("platforms.skip_groups", "LMCACHE_PLATFORMS_SKIP_GROUPS", "",
             "comma list of spec class names or group indices never saved"),
+    Setting("platforms.load_mode", "LMCACHE_PLATFORMS_LOAD_MODE", "async",
+            "async: a hit loads on a loader thread while the request waits and others run; sync: on the step"),
+    Setting("platforms.load_timeout_s", "LMCACHE_PLATFORMS_LOAD_TIMEOUT_S", 30.0,
+            "a load still running after this many seconds is reported failed (0: never)"),
 )
 
 
@@ -47,6 +52,21 @@ def _as_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip())
     return tuple(str(v) for v in value)
+
+
+def _convert(key: str, default: Any, raw: Any) -> Any:
+    """``raw`` as the type of the setting's default (a tuple for lists, a non-negative float for numbers)."""
+    if isinstance(default, tuple):
+        return _as_list(raw)
+    if isinstance(default, float):
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a number of seconds, got {raw!r}") from None
+        if not value >= 0:
+            raise ValueError(f"{key} must be >= 0, got {raw!r}")
+        return value
+    return str(raw)
 
 
 @dataclass(frozen=True)
@@ -58,6 +78,8 @@ class PlatformSettings:
     state_markers: tuple[str, ...] = ("State",)
     save_groups: tuple[str, ...] = ()
     skip_groups: tuple[str, ...] = ()
+    load_mode: str = "async"
+    load_timeout_s: float = 30.0
 
     @classmethod
     def load(
@@ -77,9 +99,10 @@ class PlatformSettings:
                 raw = override[setting.key]
             else:
                 raw = environ.get(setting.env, extra.get(setting.key, setting.default))
-            values[field.name] = _as_list(raw) if isinstance(field.default, tuple) else str(raw)
-        if values["mode"] not in MODES:
-            raise ValueError(f"platforms.mode must be one of {', '.join(MODES)}, got {values['mode']!r}")
+            values[field.name] = _convert(setting.key, field.default, raw)
+        for key, allowed in (("mode", MODES), ("load_mode", LOAD_MODES)):
+            if values[key] not in allowed:
+                raise ValueError(f"platforms.{key} must be one of {', '.join(allowed)}, got {values[key]!r}")
         return cls(**values)
 
 

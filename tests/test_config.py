@@ -22,7 +22,7 @@ def _readme_settings_table() -> dict[str, tuple[str, str]]:
 
 def test_readme_table_lists_every_setting_with_its_variable_and_default() -> None:
     documented = _readme_settings_table()
-    declared = {s.key: (s.env, s.default if s.default else "empty") for s in SETTINGS}
+    declared = {s.key: (s.env, str(s.default) if s.default != "" else "empty") for s in SETTINGS}
     assert documented == declared
 
 
@@ -34,12 +34,14 @@ def test_defaults_without_any_source() -> None:
 def test_environment_overrides_extra_config_and_kv_connector_extra_config_overrides_both(setting) -> None:
     field = setting.key.removeprefix("platforms.")
     values = {"platforms.mode": ("exploded", "bundled", "exploded"),
-              "platforms.kernel_backend": ("cpu", "torch", "triton")}.get(setting.key, ("A", "B", "C"))
+              "platforms.kernel_backend": ("cpu", "torch", "triton"),
+              "platforms.load_mode": ("sync", "async", "sync"),
+              "platforms.load_timeout_s": ("1.5", "0.0", "7.0")}.get(setting.key, ("A", "B", "C"))
     file_value, env_value, vllm_value = values
 
     def got(settings: PlatformSettings) -> object:
         value = getattr(settings, field)
-        return ",".join(value) if isinstance(value, tuple) else value
+        return ",".join(value) if isinstance(value, tuple) else str(value)
 
     assert got(PlatformSettings.load({setting.key: file_value}, env={})) == file_value
     assert got(PlatformSettings.load({setting.key: file_value}, env={setting.env: env_value})) == env_value
@@ -76,3 +78,19 @@ def test_a_bad_mode_is_refused_from_every_source(source: str) -> None:
         kwargs["overrides"] = {"platforms.mode": "fused"}
     with pytest.raises(ValueError, match=r"^platforms.mode must be one of bundled, exploded, got 'fused'$"):
         PlatformSettings.load(**kwargs)
+
+
+@pytest.mark.parametrize(("raw", "error"), [
+    ("soon", r"^platforms.load_timeout_s must be a number of seconds, got 'soon'$"),
+    ("-1", r"^platforms.load_timeout_s must be >= 0, got '-1'$"),
+    ("nan", r"^platforms.load_timeout_s must be >= 0, got 'nan'$"),
+])
+def test_a_bad_load_timeout_is_refused(raw: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        PlatformSettings.load({}, env={"LMCACHE_PLATFORMS_LOAD_TIMEOUT_S": raw})
+
+
+def test_a_bad_load_mode_is_refused_and_a_timeout_reads_as_seconds() -> None:
+    with pytest.raises(ValueError, match=r"^platforms.load_mode must be one of async, sync, got 'later'$"):
+        PlatformSettings.load({"platforms.load_mode": "later"}, env={})
+    assert PlatformSettings.load({}, env={}, overrides={"platforms.load_timeout_s": 2}).load_timeout_s == 2.0

@@ -16,7 +16,7 @@ from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
-from lmcache_platforms.connector.request import block_ids_from, check_chunk
+from lmcache_platforms.connector.request import block_ids_from, check_chunk, run_guarded
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
@@ -77,8 +77,13 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         assert self.fmt is not None
         block_ids = block_ids_from(kwargs, binding.layout)
         hosts = [memory_obj_bytes(m, self.fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
-        with binding.streams.loading():
-            for host, start, end in zip(hosts, starts, ends, strict=True):
-                binding.load(self.fmt, host, block_ids, start, end)
-        binding.streams.finish_load()
+        fmt = self.fmt
+
+        def write() -> None:
+            with binding.streams.loading():
+                for host, start, end in zip(hosts, starts, ends, strict=True):
+                    binding.load(fmt, host, block_ids, start, end)
+            binding.streams.finish_load()
+
+        run_guarded(kwargs, write)
         binding.counters.chunks_loaded += len(hosts)

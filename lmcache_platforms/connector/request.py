@@ -8,6 +8,9 @@ tables travel as one kwarg and the engine needs no change:
     scheduler hands them out. Block id 0 is the null block: its rows are never read or written. A caller
     that must not overwrite blocks it already holds (vLLM's prefix cache) passes 0 for them.
 ``sync`` (layerwise only, as upstream): whether the compute stream waits for each layer.
+``load_guard`` (optional, loads only): a ``WriteGuard``; the connector writes the KV caches only inside its
+    ``run``, which may skip the write (its caller gave up on the load) or record its error instead of
+    raising, so LMCache's retrieve still releases its chunk references and the caller reports the failure.
 
 Upstream's ``slot_mapping``/``kvcaches`` kwargs are ignored: the planes come from the bound KVLayout and the
 slots are computed per chunk from ``block_ids``.
@@ -15,8 +18,8 @@ slots are computed per chunk from ``block_ids``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -24,6 +27,22 @@ from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 
 BLOCK_IDS = "block_ids"
+LOAD_GUARD = "load_guard"
+
+
+class WriteGuard(Protocol):
+    """Runs a load's KV-cache writes, or skips them once the load was given up; records errors, never raises."""
+
+    def run(self, write: Callable[[], None]) -> None: ...
+
+
+def run_guarded(kwargs: Mapping[str, Any], write: Callable[[], None]) -> None:
+    """``write()`` inside the caller's ``load_guard`` when one is given, else directly."""
+    guard: WriteGuard | None = kwargs.get(LOAD_GUARD)
+    if guard is None:
+        write()
+    else:
+        guard.run(write)
 
 
 def block_ids_from(kwargs: Mapping[str, Any], layout: KVLayout) -> list[torch.Tensor]:

@@ -1,5 +1,6 @@
-"""One KV-cache group (vLLM with the hybrid manager off): a load that comes back short is reported through
-``get_block_ids_with_load_errors`` and, once vLLM rolls the request back, recomputed and stored again."""
+"""One KV-cache group (vLLM with the hybrid manager off) in the ``sync`` load mode: a load that comes back short
+is reported through ``get_block_ids_with_load_errors`` and, once vLLM rolls the request back, recomputed and
+stored again."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def single(model_dir):
-    yield from single_group_stack(model_dir)
+    yield from single_group_stack(model_dir, **{"platforms.load_mode": "sync"})
 
 
 def test_failed_blocks_are_reported_then_recomputed_and_stored_again(single):

@@ -145,18 +145,15 @@ class TestHybrid:
             assert_moved_nothing(before, moved(hybrid))
         check_load(hybrid, "woken-load", tokens)
 
-    def test_a_load_while_unregistered_writes_nothing_and_stops_the_step(self, hybrid):
+    def test_a_load_while_unregistered_writes_nothing_and_is_reported_failed(self, hybrid):
         tokens = prompt(12)
         save_step(hybrid, "stored-before-sleep", tokens)
         hybrid.worker.unregister_kv_caches()
-        hit, step = admit(hybrid, "load-asleep", tokens[:192] + [7] * 10, TABLE_B)
+        hit, _ = admit(hybrid, "load-asleep", tokens[:192] + [7] * 10, TABLE_B)
         assert hit == 192  # the scheduler never hears of sleep mode
         before_bytes, before = raw_blocks(hybrid), moved(hybrid)
-        # MultiGroupLoadError (not imported: importing engine_impl before LMCache's adapter defeats the patch).
-        # With several groups vLLM cannot recompute failed blocks: decoding from rows never loaded is refused.
-        with pytest.raises(RuntimeError, match=r"request load-asleep: the KV caches are unregistered") as error:
-            hybrid.step(step, {})
-        assert type(error.value).__name__ == "MultiGroupLoadError"
+        hybrid.wait_for_loads()  # vLLM recomputes (or fails) that request alone; rows never loaded are not read
+        assert "load-asleep" in hybrid.failed_loads
         assert_moved_nothing(before, moved(hybrid))
         assert differing_blocks(before_bytes, raw_blocks(hybrid)) == []
 
@@ -242,7 +239,7 @@ class TestOneGroup:
 
     @pytest.fixture(scope="class")
     def single(self, model_dir):
-        yield from single_group_stack(model_dir)
+        yield from single_group_stack(model_dir, **{"platforms.load_mode": "sync"})
 
     def test_a_load_while_unregistered_moves_nothing_and_reports_the_blocks(self, single):
         tokens = prompt(16)

@@ -9,8 +9,9 @@ scheduler's lookups reach the worker's lookup server over ZMQ, as in vLLM.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +50,10 @@ class Stack:
     caches: dict[str, torch.Tensor]
     scheduler: Any
     worker: Any
+    # Requests admitted into vLLM's WAITING_FOR_REMOTE_KVS state whose loads the next step runs first.
+    waiting: set[str] = field(default_factory=set)
+    finished_loads: set[str] = field(default_factory=set)
+    failed_loads: set[str] = field(default_factory=set)
 
     def write_kv(self, tokens: list[int], block_ids: tuple[list[int], ...]) -> None:
         """What the model's forward does: every layer writes its K/V at its own group's slots."""
@@ -80,8 +85,37 @@ class Stack:
         TorchBackend().transfer(tg.planes, slots, buffer, Direction.STORE)
         return buffer
 
+    def wait_for_loads(self, timeout: float = 60.0) -> None:
+        """vLLM's steps while requests wait for their loads: nothing scheduled, loads started after the (empty)
+        forward, outcomes taken from ``get_transfer_results`` and given to the scheduler side, until every
+        waiting request is reported."""
+        from vllm.v1.outputs import KVConnectorOutput
+
+        from tests.integration.vllm_env import scheduler_output
+
+        deadline = time.monotonic() + timeout
+        while self.waiting:
+            assert time.monotonic() < deadline, f"loads of {sorted(self.waiting)} never reported"
+            self.worker.bind_connector_metadata(self.scheduler.build_connector_meta(scheduler_output()))
+            try:
+                self.worker.start_load_kv(None)
+                self.worker.wait_for_save()
+                results = self.worker.get_transfer_results(set())
+            finally:
+                self.worker.clear_connector_metadata()
+            assert results.failed_recving <= results.finished_recving
+            self.scheduler.update_connector_output(KVConnectorOutput(
+                finished_recving=results.finished_recving, failed_recving=results.failed_recving))
+            self.finished_loads |= results.finished_recving
+            self.failed_loads |= results.failed_recving
+            self.waiting -= results.finished_recving
+            if self.waiting:
+                time.sleep(0.01)
+
     def step(self, scheduler_output: Any, write: dict[str, tuple[list[int], tuple[list[int], ...]]]) -> None:
-        """One engine step: metadata to the worker, load, forward (writes K/V), save."""
+        """One engine step: the loads of waiting requests first (as vLLM's earlier steps would), then metadata
+        to the worker, a synchronous load, forward (writes K/V), save."""
+        self.wait_for_loads()
         meta = self.scheduler.build_connector_meta(scheduler_output)
         self.worker.bind_connector_metadata(meta)
         try:
@@ -140,9 +174,10 @@ def stop_stack(stack: Stack) -> None:
     destroy_distributed()
 
 
-def single_group_stack(model_dir: Any) -> Iterator[Stack]:
+def single_group_stack(model_dir: Any, **extra: Any) -> Iterator[Stack]:
     """A started stack for a model whose layers all form one full-attention group (hybrid manager off);
-    stopped when the generator resumes (use as a fixture body: ``yield from single_group_stack(...)``)."""
+    stopped when the generator resumes (use as a fixture body: ``yield from single_group_stack(...)``).
+    ``extra``: more ``kv_connector_extra_config`` entries."""
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
 
     from lmcache_platforms.integration.vllm import health
@@ -152,6 +187,6 @@ def single_group_stack(model_dir: Any) -> Iterator[Stack]:
     config = KVCacheConfig(num_blocks=32, kv_cache_groups=[group(list(LAYERS), full())], kv_cache_tensors=[
         KVCacheTensor(size=1, layers=list(LAYERS), layer_stride=1, block_stride=1)])
     health.forget()
-    stack = start_stack(vllm_config(model_dir, "LMCachePlatformsConnector", disable_hma=True), config)
+    stack = start_stack(vllm_config(model_dir, "LMCachePlatformsConnector", disable_hma=True, **extra), config)
     yield stack
     stop_stack(stack)

@@ -104,7 +104,18 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         self._impl.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._impl.get_finished(finished_req_ids)
+        """vLLM before 0.32 (no ``get_transfer_results``): loads that waited and ended, failures not told apart
+        (on such a vLLM loads never wait, see ``MultiGroupConnectorImpl.waits_for_loads``)."""
+        results = self._impl.get_transfer_results()
+        return None, results.finished or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        """Loads that ran while their request waited and ended since the last step; failed ones are in both
+        ``finished_recving`` and ``failed_recving``, so vLLM recomputes or fails that request alone."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        results = self._impl.get_transfer_results()
+        return KVConnectorTransferResults(finished_recving=results.finished, failed_recving=results.failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._impl.get_block_ids_with_load_errors()
@@ -137,10 +148,13 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
 
     # Scheduler side
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self._impl.get_num_new_matched_tokens(request, num_computed_tokens), False
+        return self._impl.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        self._impl.update_state_after_alloc(request, num_external_tokens)
+        self._impl.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._impl.update_connector_output(connector_output)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return self._impl.build_connector_meta(scheduler_output)

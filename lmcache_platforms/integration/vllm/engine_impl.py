@@ -5,9 +5,12 @@ and replaces what assumed one group: the request tracker, the per-step metadata,
 failed-block reporting. Rules on top of upstream's:
   - more than one saved group => only whole chunks are saved;
   - a group we can neither restore nor prove unnecessary => no hit is ever claimed (and nothing saved);
-  - a failed load is reported per block with each group's own block size; vLLM cannot map block
-    failures back to requests when there are several groups, so there we stop with a clear error rather
-    than let the forward read rows that never arrived;
+  - a hit is loaded while its request waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` state (``async_loads``)
+    whenever the load mode is ``async`` or several groups are saved, and a load that came back short is
+    reported for that request alone (``failed_recving``): vLLM recomputes it or fails it, per its
+    ``kv_load_failure_policy``, and the engine stays up. Only a single-group model in ``sync`` mode loads
+    in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
+    reports when there are several groups);
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
   - vLLM 0.33 sleep mode: between ``unregister_kv_caches`` and ``restore_kv_caches`` nothing of ours touches
     the KV tensors (a save is skipped, a load reported failed), and restore checks they did not move.
@@ -30,20 +33,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.integration.vllm import health
+from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard, LoadResults
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
-from lmcache_platforms.integration.vllm.tracker import RequestTracker
+from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
 
-
-
-class MultiGroupLoadError(RuntimeError):
-    """A load came back short for a model with several KV-cache groups, which vLLM cannot recompute."""
 
 
 class KVCacheMovedError(RuntimeError):
@@ -86,6 +86,30 @@ def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
                                                       None))
 
 
+def _reports_failed_loads() -> bool:
+    """Whether this vLLM takes per-request load failures (``KVConnectorTransferResults.failed_recving``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    return hasattr(base, "KVConnectorTransferResults")
+
+
+_policy_warned = False
+
+
+def warn_about_failure_policy(vllm_config: Any, hits_allowed: bool) -> None:
+    """Once per process: vLLM's default ``kv_load_failure_policy`` ("fail") ends a request whose load failed,
+    though LMCache can always recompute it; say how to choose recomputation."""
+    global _policy_warned
+    policy = getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", None)
+    if _policy_warned or not hits_allowed or policy != "fail":
+        return
+    _policy_warned = True
+    logger.warning("kv_load_failure_policy is 'fail' (vLLM's default): a request whose LMCache load fails "
+                   "(evicted chunk, unreachable or corrupt remote store) ends with an error instead of being "
+                   "recomputed. Add \"kv_load_failure_policy\": \"recompute\" to --kv-transfer-config to serve "
+                   "it anyway.")
+
+
 def _is_resumed(cached_reqs: Any, index: int, req_id: str) -> bool:
     if hasattr(cached_reqs, "resumed_req_ids"):
         return req_id in cached_reqs.resumed_req_ids
@@ -107,6 +131,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         logger.info("LMCache platforms engine impl (%s): %s", self._role_name, self.plan.describe())
         if not self.plan.hits_allowed:
             logger.warning("LMCache will neither save nor report hits for this model: %s", self.plan.why_no_hits())
+        if role == KVConnectorRole.SCHEDULER:
+            warn_about_failure_policy(vllm_config, self.plan.hits_allowed)
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: Any, config: Any) -> None:
         super()._init_connector_state(role, vllm_config, config)
@@ -124,6 +150,15 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._kv_unregistered = False
         self._skips_logged = False
         self._kv_signatures: dict[str, Signature] = {}
+        # Loads in vLLM's wait state: needs vLLM's per-request failure report (0.32+; 0.23 has none).
+        self.waits_for_loads = _reports_failed_loads() and (self.settings.load_mode == "async"
+                                                             or self.plan.multi_group)
+        # Scheduler side: wait-state loads to send with this step's metadata, what each loaded, which failed.
+        self._wait_loads: dict[str, RequestMeta] = {}
+        self._loaded_while_waiting: dict[str, int] = {}
+        self._failed_loads: set[str] = set()
+        # Worker side.
+        self.loads = AsyncLoads(threaded=self.settings.load_mode == "async", timeout_s=self.settings.load_timeout_s)
 
     # ------------------------------------------------------------------ worker side
 
@@ -183,8 +218,13 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 continue
             if self._kv_unregistered:
                 self._skip_load(engine, request)
+            elif request.load_while_waiting:
+                self.loads.submit(request.req_id, lambda _, guard, request=request:
+                                  self._load_one(engine, request, kvcaches, guard) is None)
             else:
-                self._load_one(engine, request, kvcaches)
+                first = self._load_one(engine, request, kvcaches, LoadGuard(request.req_id))
+                if first is not None:
+                    self._fail_load(request, first, spec.lmcache_cached_tokens)
 
     def _skip_load(self, engine: Any, request: RequestMeta) -> None:
         """A load while the KV caches are unregistered (vLLM stepped before restore_kv_caches): nothing is
@@ -197,11 +237,14 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         logger.error("request %s: not loading tokens [%d, %d): the KV caches are unregistered (vLLM sleep mode) "
                      "and restore_kv_caches was not called", request.req_id, spec.vllm_cached_tokens,
                      spec.lmcache_cached_tokens)
-        self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens,
-                        "the KV caches are unregistered (vLLM sleep mode, restore_kv_caches not called), so "
-                        "LMCache did not load tokens")
+        if request.load_while_waiting:
+            self.loads.fail(request.req_id)
+        else:
+            self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
 
-    def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any]) -> None:
+    def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any], guard: LoadGuard) -> int | None:
+        """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
+        Runs on the step's thread or the loader thread; never raises for a load that came back short."""
         spec = request.load_spec
         assert spec is not None
         num_tokens = spec.lmcache_cached_tokens
@@ -214,35 +257,44 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         mask[:skipped] = False
         self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
-        ret_mask = engine.retrieve(
-            request.token_ids[:num_tokens],
-            mask,
-            kvcaches=kvcaches,
-            slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
-            vllm_cached_tokens=spec.vllm_cached_tokens,
-            **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens)),
-        )
-        if not self.async_loading:
-            engine.lookup_unpin(request.req_id)
+        try:
+            ret_mask = engine.retrieve(
+                request.token_ids[:num_tokens],
+                mask,
+                kvcaches=kvcaches,
+                slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
+                vllm_cached_tokens=spec.vllm_cached_tokens,
+                load_guard=guard,
+                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens)),
+            )
+        finally:
+            if not self.async_loading:
+                engine.lookup_unpin(request.req_id)
+        if guard.failure is not None:
+            logger.error("request %s: LMCache load of %d tokens failed: %s", request.req_id, int(mask.sum()),
+                         guard.failure)
+            return skipped
         missing = mask & ~ret_mask.to(device="cpu", dtype=torch.bool)
         if not bool(missing.any()):
-            return
+            return None
         first = int(torch.nonzero(missing)[0])
-        blocks = request.failed_blocks(first, num_tokens)
-        logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d, blocks %s",
-                     request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first,
-                     sorted(blocks))
-        self._fail_load(request, first, num_tokens, "LMCache could not load tokens")
+        logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d",
+                     request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first)
+        return first
 
-    def _fail_load(self, request: RequestMeta, first: int, num_tokens: int, what: str) -> None:
-        """Tokens ``[first, num_tokens)`` did not arrive: their blocks go to vLLM to recompute, or, with several
-        groups (vLLM cannot map block failures back to requests then), the step stops."""
+    def _fail_load(self, request: RequestMeta, first: int, num_tokens: int) -> None:
+        """A single-group model's synchronous load did not fully arrive: its blocks holding tokens
+        ``[first, num_tokens)`` go to vLLM, which recomputes or fails the request."""
         if self.plan.multi_group:
-            raise MultiGroupLoadError(
-                f"request {request.req_id}: {what} [{first}, {num_tokens}) of a model with "
-                f"{len(self.plan.saved)} KV-cache groups; vLLM cannot recompute block failures with several "
-                "groups, so stopping instead of decoding from KV that never arrived")
+            raise RuntimeError(
+                f"request {request.req_id}: a load of a model with {len(self.plan.saved)} KV-cache groups ran in "
+                "the step that computes it, where vLLM cannot be told it failed (this vLLM has no "
+                f"failed_recving); tokens [{first}, {num_tokens}) never arrived")
         self._invalid_block_ids.update(request.failed_blocks(first, num_tokens))
+
+    def get_transfer_results(self) -> LoadResults:
+        """Wait-state loads that ended since the last step (failed ones are also in ``finished``)."""
+        return self.loads.poll()
 
     def wait_for_save(self) -> None:
         engine = self.lmcache_engine
@@ -251,6 +303,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         metadata = self._parent._get_connector_metadata()
         kvcaches = list(self.kv_caches.values())
         for request in metadata.requests:
+            if request.load_while_waiting:
+                continue  # its load (maybe still running) releases its pins; it saves once scheduled
             engine.lookup_unpin(request.req_id)
             if self.kv_role == "kv_consumer":
                 continue
@@ -364,16 +418,52 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     def shutdown(self) -> None:
         """Chunk writes still in flight to LMCache's slower tiers finish first (bounded), so a server stopped
         right after a request keeps that request's chunks for the next one; then upstream's shutdown."""
+        self.loads.shutdown()
         if self.lmcache_engine is not None:
             drain_writes(self.lmcache_engine)
         super().shutdown()
 
     # ------------------------------------------------------------------ scheduler side
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int | None:
-        if not self.plan.hits_allowed:
-            return 0
-        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """LMCache's hit beyond vLLM's own, and whether it loads while the request waits. A request whose load
+        failed once is recomputed: a second lookup would find the same broken chunk."""
+        if not self.plan.hits_allowed or request.request_id in self._failed_loads:
+            return 0, False
+        tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        return tokens, bool(tokens) and self.waits_for_loads
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """Upstream's bookkeeping; a load that waits is described now, with every group's blocks, and goes to
+        the workers with this step's metadata (vLLM schedules the request only once it is reported)."""
+        super().update_state_after_alloc(request, num_external_tokens)
+        req_id = request.request_id
+        spec = self.load_specs.get(req_id)
+        if not self.waits_for_loads or spec is None or not spec.can_load:
+            return
+        del self.load_specs[req_id]
+        tracker = RequestTracker(
+            req_id=req_id, prompt_len=request.num_prompt_tokens, token_ids=list(request.all_token_ids),
+            block_ids=block_ids_per_group(blocks.get_block_ids(), len(self.plan.groups)),
+            request_configs=extract_request_configs(request.sampling_params))
+        tracker.mm_hashes, tracker.mm_positions = extract_mm_features(request)
+        meta = build_request_meta(tracker, self.plan, self._lmcache_chunk_size, force_skip_save=True,
+                                  load_spec=LoadSpec(spec.vllm_cached_tokens, spec.lmcache_cached_tokens, True))
+        assert meta is not None
+        meta.load_while_waiting = True
+        self._wait_loads[req_id] = meta
+        self._loaded_while_waiting[req_id] = spec.lmcache_cached_tokens
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """Scheduler side: remember failed wait-state loads, so the request is recomputed and saved anew."""
+        for req_id in getattr(connector_output, "failed_recving", None) or ():
+            self._failed_loads.add(req_id)
+            self._loaded_while_waiting[req_id] = 0
+
+    def _loaded_tokens(self, req_id: str, load_spec: LoadSpec | None) -> int:
+        """Tokens LMCache holds for a request scheduled now: this step's load, or one done while it waited."""
+        waited = self._loaded_while_waiting.pop(req_id, 0)
+        return load_spec.lmcache_cached_tokens if load_spec is not None else waited
 
     def _pop_load_spec(self, req_id: str) -> LoadSpec | None:
         spec = self.load_specs.pop(req_id, None)
@@ -406,7 +496,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             tracker = RequestTracker.from_new_request(
                 new, num_groups,
                 num_tokens_to_compute=new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id],
-                lmcache_cached_tokens=load_spec.lmcache_cached_tokens if load_spec else 0,
+                lmcache_cached_tokens=self._loaded_tokens(new.req_id, load_spec),
                 skip_save=limit is not None and priority > limit,
                 request_configs=extract_request_configs(new.sampling_params),
             )
@@ -417,6 +507,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         cached = scheduler_output.scheduled_cached_reqs
         for index, req_id in enumerate(cached.req_ids):
             self._add(meta, self._update_cached(scheduler_output, cached, index, req_id))
+        for request in self._wait_loads.values():
+            meta.add_request(request)
+        self._wait_loads.clear()
         return meta
 
     @staticmethod
@@ -435,7 +528,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         num_computed = request.num_computed_tokens
         if _is_resumed(cached, index, req_id):
             tracker.resume(request.all_token_ids, new_block_ids, num_computed, num_new,
-                           load_spec.lmcache_cached_tokens if load_spec else 0)
+                           self._loaded_tokens(req_id, load_spec))
         else:
             if num_computed < len(tracker.token_ids):
                 logger.warning("request %s rolled back from %d to %d tokens (a failed load is recomputed)",
@@ -446,6 +539,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         return self._meta(tracker, load_spec)
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, Any]:
-        """vLLM's HMA hook: saving is synchronous (wait_for_save), so blocks can be freed at once."""
+        """vLLM's HMA hook: saving is synchronous (wait_for_save), so blocks can be freed at once. (A request
+        finished while its load waits keeps its blocks until the load is reported: vLLM sees to that.)"""
+        req_id = request.request_id
+        self._failed_loads.discard(req_id)
+        self._loaded_while_waiting.pop(req_id, None)
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
 

@@ -54,6 +54,8 @@ class RequestMeta:
     load_spec: LoadSpec | None = None
     request_configs: dict | None = None
     block_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Its load runs while vLLM holds the request in WAITING_FOR_REMOTE_KVS; reported per request.
+    load_while_waiting: bool = False
 
     @property
     def slot_mapping(self) -> torch.Tensor:

@@ -1,0 +1,151 @@
+"""Loads that run while their request waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` state, reported per request.
+
+vLLM 0.32+ lets a connector answer a lookup with ``(n, True)``: the request's blocks are allocated but it is
+not scheduled until the worker reports the load in ``finished_recving``; a load that came back short is
+also put in ``failed_recving``, and the scheduler then recomputes that request (``kv_load_failure_policy``
+``recompute``) or fails that request alone (``fail``). That is the only per-request failure report vLLM
+accepts for models with several KV-cache groups, so a short load never has to stop the engine.
+
+A load runs on one loader thread (``threaded``: other requests' forwards go on meanwhile) or on the step's
+own thread (the ``sync`` load mode); either way its outcome is reported at the next ``poll``. A load that
+outlives its deadline is reported failed and *cancelled*: its ``LoadGuard`` then refuses every later write,
+so a backend that answers late can never write into blocks vLLM has given back for recomputation.
+``load`` returns True only when every expected token arrived and the guard saw no failure.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
+
+
+class LoadGuard:
+    """One load's KV-cache writes, serialised with its cancellation. ``run`` never raises: a write that
+    fails (a kernel error) or comes after ``cancel`` is recorded and skipped, so LMCache's retrieve still
+    returns normally and releases its references to the chunks; the owner reads ``failure`` afterwards."""
+
+    def __init__(self, req_id: str) -> None:
+        self.req_id = req_id
+        self._lock = threading.Lock()
+        self.cancelled: str | None = None
+        self.write_error: str | None = None
+
+    def cancel(self, why: str) -> None:
+        """Waits for a write in progress to finish, then refuses every later one."""
+        with self._lock:
+            self.cancelled = why
+
+    def run(self, write: Callable[[], None]) -> None:
+        with self._lock:
+            if self.cancelled is not None:
+                logger.warning("request %s: late LMCache load write refused: the load was cancelled (%s)",
+                               self.req_id, self.cancelled)
+                return
+            try:
+                write()
+            except Exception as exc:
+                logger.exception("request %s: writing loaded KV into vLLM's cache failed", self.req_id)
+                self.write_error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def failure(self) -> str | None:
+        """Why the load's rows cannot be trusted, or None."""
+        return self.cancelled or self.write_error
+
+
+@dataclass
+class _Load:
+    guard: LoadGuard
+    deadline: float
+    future: Future | None = None
+    outcome: bool | None = None
+
+
+@dataclass
+class LoadResults:
+    """What ``poll`` hands to vLLM: every request whose load ended, and those of them that failed."""
+
+    finished: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+
+
+class AsyncLoads:
+    """Runs ``load(req_id, guard) -> bool`` per request (True: every expected token arrived) and reports
+    each outcome once. An exception from a load is a failed load, logged with its traceback."""
+
+    def __init__(self, threaded: bool, timeout_s: float) -> None:
+        self.threaded = threaded
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._loads: dict[str, _Load] = {}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-load") if threaded else None
+
+    def submit(self, req_id: str, load: Callable[[str, LoadGuard], bool]) -> None:
+        guard = LoadGuard(req_id)
+        entry = _Load(guard, time.monotonic() + self.timeout_s if self.timeout_s > 0 else float("inf"))
+        with self._lock:
+            if req_id in self._loads:
+                raise RuntimeError(f"request {req_id}: a load is already in flight")
+            self._loads[req_id] = entry
+        if self._executor is None:
+            entry.outcome = self._run(req_id, guard, load)
+        else:
+            entry.future = self._executor.submit(self._run, req_id, guard, load)
+
+    def fail(self, req_id: str) -> None:
+        """Report ``req_id`` failed at the next poll without running anything (e.g. sleep mode)."""
+        with self._lock:
+            self._loads[req_id] = _Load(LoadGuard(req_id), 0.0, outcome=False)
+
+    @staticmethod
+    def _run(req_id: str, guard: LoadGuard, load: Callable[[str, LoadGuard], bool]) -> bool:
+        if guard.cancelled is not None:
+            return False
+        try:
+            return load(req_id, guard)
+        except Exception:
+            logger.exception("request %s: loading from LMCache failed; vLLM will recompute or fail the request",
+                             req_id)
+        return False
+
+    def poll(self) -> LoadResults:
+        """Loads that ended since the last poll (a load past its deadline is cancelled and counts as failed)."""
+        results = LoadResults()
+        now = time.monotonic()
+        with self._lock:
+            for req_id, entry in list(self._loads.items()):
+                if entry.outcome is None and entry.future is not None and entry.future.done():
+                    entry.outcome = entry.future.result()
+                if entry.outcome is None and now >= entry.deadline:
+                    entry.guard.cancel(f"no answer within load_timeout_s={self.timeout_s:g}")
+                    logger.error("request %s: LMCache load still running after %.3g s; reported failed and its "
+                                 "late writes refused (platforms.load_timeout_s)", req_id, self.timeout_s)
+                    entry.outcome = False
+                if entry.outcome is None:
+                    continue
+                del self._loads[req_id]
+                results.finished.add(req_id)
+                if not entry.outcome:
+                    results.failed.add(req_id)
+        return results
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._loads)
+
+    def shutdown(self) -> None:
+        """Cancel what is still running (its writes are refused) and stop the loader thread without waiting
+        for a backend that may never answer."""
+        with self._lock:
+            for entry in self._loads.values():
+                entry.guard.cancel("connector shut down")
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
