@@ -41,9 +41,9 @@ SETTINGS: tuple[Setting, ...] = (
             "comma list of spec class names or group indices always saved, even if they look like state"),
     Setting("platforms.skip_groups", "LMCACHE_PLATFORMS_SKIP_GROUPS", "",
             "comma list of spec class names or group indices never saved"),
-    Setting("platforms.load_mode", "LMCACHE_PLATFORMS_LOAD_MODE", "async",
-            "async: a hit loads on a loader thread while the request waits and others run; sync: on the step"),
-    Setting("platforms.load_timeout_s", "LMCACHE_PLATFORMS_LOAD_TIMEOUT_S", 30.0,
+    Setting("platforms.load_mode", "LMCACHE_PLATFORMS_LOAD_MODE", "sync",
+            "sync: the engine step waits for a hit's load; async: the step goes on while the request waits"),
+    Setting("platforms.load_timeout_s", "LMCACHE_PLATFORMS_LOAD_TIMEOUT_S", 10.0,
             "a load still running after this many seconds is reported failed (0: never)"),
 )
 
@@ -78,8 +78,8 @@ class PlatformSettings:
     state_markers: tuple[str, ...] = ("State",)
     save_groups: tuple[str, ...] = ()
     skip_groups: tuple[str, ...] = ()
-    load_mode: str = "async"
-    load_timeout_s: float = 30.0
+    load_mode: str = "sync"
+    load_timeout_s: float = 10.0
 
     @classmethod
     def load(

@@ -25,16 +25,19 @@ def drain(loads: AsyncLoads, timeout: float = 10.0) -> LoadResults:
     return merged
 
 
-@pytest.mark.parametrize("threaded", [True, False], ids=["loader-thread", "step-thread"])
-def test_outcomes_are_reported_once_failures_in_both_sets(threaded: bool) -> None:
-    loads = AsyncLoads(threaded=threaded, timeout_s=0)
+@pytest.mark.parametrize("wait", [False, True], ids=["async", "sync"])
+def test_outcomes_are_reported_once_failures_in_both_sets(wait: bool) -> None:
+    loads = AsyncLoads(timeout_s=0)
 
     def boom(req_id: str, guard: LoadGuard) -> bool:
         raise OSError("redis went away")
 
-    loads.submit("ok", lambda req_id, guard: True)
-    loads.submit("short", lambda req_id, guard: False)
-    loads.submit("raises", boom)
+    loads.submit("ok", lambda req_id, guard: True, wait=wait)
+    loads.submit("short", lambda req_id, guard: False, wait=wait)
+    loads.submit("raises", boom, wait=wait)
+    if wait:
+        assert loads.poll().finished == {"ok", "short", "raises"}  # the step waited: all ended already
+        return
     results = drain(loads)
     assert (results.finished, results.failed) == ({"ok", "short", "raises"}, {"short", "raises"})
     assert loads.poll() == LoadResults()
@@ -43,7 +46,7 @@ def test_outcomes_are_reported_once_failures_in_both_sets(threaded: bool) -> Non
 
 def test_a_second_load_of_the_same_request_in_flight_is_refused() -> None:
     release = threading.Event()
-    loads = AsyncLoads(threaded=True, timeout_s=0)
+    loads = AsyncLoads(timeout_s=0)
     loads.submit("a", lambda req_id, guard: release.wait(5))
     with pytest.raises(RuntimeError, match=r"^request a: a load is already in flight$"):
         loads.submit("a", lambda req_id, guard: True)
@@ -53,7 +56,7 @@ def test_a_second_load_of_the_same_request_in_flight_is_refused() -> None:
 
 
 def test_a_load_past_its_deadline_is_failed_and_its_late_write_refused() -> None:
-    loads = AsyncLoads(threaded=True, timeout_s=0.05)
+    loads = AsyncLoads(timeout_s=0.05)
     answer = threading.Event()
     writes: list[str] = []
 
@@ -73,8 +76,30 @@ def test_a_load_past_its_deadline_is_failed_and_its_late_write_refused() -> None
     loads.shutdown()
 
 
+def test_a_waiting_step_is_released_at_the_deadline_and_call_gives_the_failure_value() -> None:
+    loads = AsyncLoads(timeout_s=0.05)
+    answer = threading.Event()
+    started = time.monotonic()
+    loads.submit("stuck", lambda req_id, guard: answer.wait(5), wait=True)
+    assert time.monotonic() - started < 2
+    assert loads.poll().failed == {"stuck"}
+    writes: list[int] = []
+
+    def stuck_write(guard: LoadGuard) -> int | None:
+        answer.wait(5)
+        guard.run(lambda: writes.append(1))
+        return None
+
+    assert loads.call("classic", stuck_write, on_failure=64) == 64
+    assert loads.call("fine", lambda guard: None, on_failure=64) == 64  # queued behind the stuck ones
+    answer.set()
+    assert loads.call("fine", lambda guard: None, on_failure=64) is None
+    assert writes == []
+    loads.shutdown()
+
+
 def test_without_a_deadline_a_slow_load_is_waited_for() -> None:
-    loads = AsyncLoads(threaded=True, timeout_s=0)
+    loads = AsyncLoads(timeout_s=0)
     loads.submit("slow", lambda req_id, guard: time.sleep(0.1) is None)
     assert loads.poll() == LoadResults()
     assert drain(loads).finished == {"slow"}
@@ -98,7 +123,7 @@ def test_guard_records_a_write_error_instead_of_raising_and_runs_good_writes() -
 
 
 def test_fail_reports_without_running_and_shutdown_cancels_what_runs() -> None:
-    loads = AsyncLoads(threaded=True, timeout_s=0)
+    loads = AsyncLoads(timeout_s=0)
     loads.fail("asleep")
     assert (loads.poll().failed, loads.in_flight) == ({"asleep"}, 0)
     started, release = threading.Event(), threading.Event()

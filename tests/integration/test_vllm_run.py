@@ -1,5 +1,7 @@
 """Real vLLM (CPU, one process) with the hybrid KV-cache manager on: the second run of a prompt loads its
-prefix from LMCache through our connector and produces the same tokens; the process exits cleanly."""
+prefix from LMCache through our connector and produces the same tokens; the process exits cleanly. Both load
+modes, each through vLLM's wait state (the model has several KV-cache groups): ``sync`` (the default: the step
+waits for the load) and ``async`` (the step goes on while the loader thread works)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_second_run_hits_lmcache_and_matches(tmp_path):
+@pytest.mark.parametrize("extra", [{}, {"platforms.load_mode": "async"}], ids=["default", "async"])
+def test_second_run_hits_lmcache_and_matches(extra):
     from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
 
     model = ensure_model(TINY_MODEL)
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.vllm_run", str(model)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.vllm_run", str(model), json.dumps(extra)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["hma"] is True

@@ -1,4 +1,5 @@
-"""Run the tiny Gemma-3-like model in real vLLM (one process, CPU) twice on one prompt with our connector.
+"""Run the tiny Gemma-3-like model in real vLLM (one process, CPU) twice on one prompt with our connector
+(``kv_connector_extra_config`` entries may be added as a JSON object in the second argument).
 
 Prints one JSON line: whether vLLM kept its hybrid KV-cache manager, the KV-cache groups, chunks stored
 and loaded by our connector, the two outputs, and the engines' health. Run as a module in a subprocess.
@@ -16,7 +17,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import lmcache_platforms  # noqa: F401 - activation, as the vllm.general_plugins entry point does
 
 
-def main(model: str) -> None:
+def main(model: str, extra: dict) -> None:
     from vllm import LLM, SamplingParams
     from vllm.distributed.kv_transfer import get_kv_transfer_group
     from vllm.inputs import TokensPrompt
@@ -27,7 +28,7 @@ def main(model: str) -> None:
               enable_prefix_caching=False, kv_transfer_config={
                   "kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both",
                   "kv_connector_extra_config": {"lmcache.chunk_size": 64, "lmcache.local_cpu": True,
-                                                "lmcache.max_local_cpu_size": 0.5}})
+                                                "lmcache.max_local_cpu_size": 0.5, **extra}})
     params = SamplingParams(max_tokens=8, temperature=0)
     prompt = TokensPrompt(prompt_token_ids=[(i * 37) % 2000 + 1 for i in range(300)])
     outputs = [list(llm.generate([prompt], params)[0].outputs[0].token_ids) for _ in range(2)]
@@ -42,4 +43,4 @@ def main(model: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})

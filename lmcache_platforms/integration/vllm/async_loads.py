@@ -6,24 +6,32 @@ also put in ``failed_recving``, and the scheduler then recomputes that request (
 ``recompute``) or fails that request alone (``fail``). That is the only per-request failure report vLLM
 accepts for models with several KV-cache groups, so a short load never has to stop the engine.
 
-A load runs on one loader thread (``threaded``: other requests' forwards go on meanwhile) or on the step's
-own thread (the ``sync`` load mode); either way its outcome is reported at the next ``poll``. A load that
-outlives its deadline is reported failed and *cancelled*: its ``LoadGuard`` then refuses every later write,
-so a backend that answers late can never write into blocks vLLM has given back for recomputation.
+A load runs on one loader thread, so that a backend that never answers cannot hold the engine for longer
+than the deadline: in the ``async`` load mode the step returns at once and other requests' forwards go on
+meanwhile; in ``sync`` the step waits for the load (``wait=True``), at most until its deadline. Either way
+its outcome is reported at the next ``poll``. A load that outlives its deadline is reported failed and
+*cancelled*: its ``LoadGuard`` then refuses every later write, so a backend that answers late can never
+write into blocks vLLM has given back for recomputation. ``call`` is the same for a load whose outcome the
+step itself needs (vLLM's classic same-step load).
 ``load`` returns True only when every expected token arrived and the guard saw no failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
+
+T = TypeVar("T")
 
 
 class LoadGuard:
@@ -80,24 +88,45 @@ class AsyncLoads:
     """Runs ``load(req_id, guard) -> bool`` per request (True: every expected token arrived) and reports
     each outcome once. An exception from a load is a failed load, logged with its traceback."""
 
-    def __init__(self, threaded: bool, timeout_s: float) -> None:
-        self.threaded = threaded
+    def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._loads: dict[str, _Load] = {}
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-load") if threaded else None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-load")
 
-    def submit(self, req_id: str, load: Callable[[str, LoadGuard], bool]) -> None:
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout_s if self.timeout_s > 0 else float("inf")
+
+    def _remaining(self, deadline: float) -> float | None:
+        return None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+
+    def submit(self, req_id: str, load: Callable[[str, LoadGuard], bool], wait: bool = False) -> None:
+        """Start ``load`` on the loader thread; with ``wait``, return once it ended or its deadline passed."""
         guard = LoadGuard(req_id)
-        entry = _Load(guard, time.monotonic() + self.timeout_s if self.timeout_s > 0 else float("inf"))
+        entry = _Load(guard, self._deadline())
         with self._lock:
             if req_id in self._loads:
                 raise RuntimeError(f"request {req_id}: a load is already in flight")
             self._loads[req_id] = entry
-        if self._executor is None:
-            entry.outcome = self._run(req_id, guard, load)
-        else:
-            entry.future = self._executor.submit(self._run, req_id, guard, load)
+        entry.future = self._executor.submit(self._run, req_id, guard, load)
+        if wait:
+            with contextlib.suppress(FutureTimeout):  # past the deadline: the next poll cancels and reports it
+                entry.future.result(timeout=self._remaining(entry.deadline))
+
+    def call(self, req_id: str, load: Callable[[LoadGuard], T], on_failure: T) -> T:
+        """Run ``load`` on the loader thread and wait for its result until the deadline; ``on_failure`` when
+        it raised or outlived the deadline (then cancelled, so a late answer writes nothing)."""
+        guard = LoadGuard(req_id)
+        future = self._executor.submit(load, guard)
+        try:
+            return future.result(timeout=self._remaining(self._deadline()))
+        except FutureTimeout:
+            guard.cancel(f"no answer within load_timeout_s={self.timeout_s:g}")
+            logger.error("request %s: LMCache load still running after %.3g s; its blocks are reported failed and "
+                         "its late writes refused (platforms.load_timeout_s)", req_id, self.timeout_s)
+        except Exception:
+            logger.exception("request %s: loading from LMCache failed", req_id)
+        return on_failure
 
     def fail(self, req_id: str) -> None:
         """Report ``req_id`` failed at the next poll without running anything (e.g. sleep mode)."""
@@ -147,5 +176,4 @@ class AsyncLoads:
         with self._lock:
             for entry in self._loads.values():
                 entry.guard.cancel("connector shut down")
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -6,7 +6,8 @@ failed-block reporting. Rules on top of upstream's:
   - more than one saved group => only whole chunks are saved;
   - a group we can neither restore nor prove unnecessary => no hit is ever claimed (and nothing saved);
   - a hit is loaded while its request waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` state (``async_loads``)
-    whenever the load mode is ``async`` or several groups are saved, and a load that came back short is
+    whenever the load mode is ``async`` or several groups are saved (in ``sync`` the step waits for that
+    load, bounded by ``load_timeout_s``), and a load that came back short is
     reported for that request alone (``failed_recving``): vLLM recomputes it or fails it, per its
     ``kv_load_failure_policy``, and the engine stays up. Only a single-group model in ``sync`` mode loads
     in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
@@ -158,7 +159,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._loaded_while_waiting: dict[str, int] = {}
         self._failed_loads: set[str] = set()
         # Worker side.
-        self.loads = AsyncLoads(threaded=self.settings.load_mode == "async", timeout_s=self.settings.load_timeout_s)
+        self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
 
     # ------------------------------------------------------------------ worker side
 
@@ -220,9 +221,12 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 self._skip_load(engine, request)
             elif request.load_while_waiting:
                 self.loads.submit(request.req_id, lambda _, guard, request=request:
-                                  self._load_one(engine, request, kvcaches, guard) is None)
+                                  self._load_one(engine, request, kvcaches, guard) is None,
+                                  wait=self.settings.load_mode == "sync")
             else:
-                first = self._load_one(engine, request, kvcaches, LoadGuard(request.req_id))
+                first = self.loads.call(request.req_id, lambda guard, request=request:
+                                        self._load_one(engine, request, kvcaches, guard),
+                                        on_failure=spec.vllm_cached_tokens)
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
 
@@ -244,7 +248,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any], guard: LoadGuard) -> int | None:
         """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
-        Runs on the step's thread or the loader thread; never raises for a load that came back short."""
+        Runs on the loader thread; never raises for a load that came back short."""
         spec = request.load_spec
         assert spec is not None
         num_tokens = spec.lmcache_cached_tokens
