@@ -5,6 +5,8 @@ and replaces what assumed one group: the request tracker, the per-step metadata,
 failed-block reporting. Rules on top of upstream's:
   - more than one saved group => only whole chunks are saved;
   - a group we can neither restore nor prove unnecessary => no hit is ever claimed (and nothing saved);
+  - a recurrent group in vLLM's align mode travels as one state snapshot per chunk, so hits end on chunk
+    boundaries, and a load writes the snapshot into the block vLLM resumes from (``request_meta.py``);
   - a failed load is reported per block with each group's own block size; vLLM cannot map block
     failures back to requests when there are several groups, so there we stop with a clear error rather
     than let the forward read rows that never arrived;
@@ -33,6 +35,7 @@ from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
+from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
@@ -116,7 +119,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self.plan: GroupPlan = single_group_plan(self._block_size)
             self._num_blocks: int | None = None
         else:
-            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings)
+            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings,
+                                    StepSettings.from_vllm(vllm_config, config.chunk_size))
             self._num_blocks = kv_cache_config.num_blocks
         self.layout = None
         self._key_tags: dict[str, str] = {}
@@ -220,7 +224,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             kvcaches=kvcaches,
             slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
             vllm_cached_tokens=spec.vllm_cached_tokens,
-            **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens)),
+            **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)),
         )
         if not self.async_loading:
             engine.lookup_unpin(request.req_id)
@@ -373,7 +377,20 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int | None:
         if not self.plan.hits_allowed:
             return 0
-        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+        need = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if need and self.plan.snapshot_groups:
+            return self._to_snapshot(request.request_id, num_computed_tokens, need)
+        return need
+
+    def _to_snapshot(self, req_id: str, num_computed_tokens: int, need: int) -> int:
+        """A hit must end where a snapshot exists, a chunk boundary: upstream's full-prompt hit (one token short,
+        so vLLM computes the last) goes back to the previous boundary."""
+        chunk = self._lmcache_chunk_size
+        end = (num_computed_tokens + need) // chunk * chunk
+        spec = self.load_specs.get(req_id)
+        if spec is not None:
+            spec.lmcache_cached_tokens = min(spec.lmcache_cached_tokens, end)
+        return max(0, end - num_computed_tokens)
 
     def _pop_load_spec(self, req_id: str) -> LoadSpec | None:
         spec = self.load_specs.pop(req_id, None)
