@@ -3,7 +3,8 @@
 ``python -m tests.integration.recurrent_run MODEL STORE MODE [SKIP_GROUPS]`` runs the prompts given as JSON on
 stdin one request at a time (greedy) and prints one JSON line: each request's tokens, top-5 logprobs and
 cached tokens, our group plan, chunks stored and loaded, and the engines' health. MODE ``connector`` uses
-LMCache with a persistent ``fs://`` store in STORE; ``plain`` runs vLLM alone with prefix caching off.
+LMCache with a persistent ``fs://`` store in STORE; ``plain`` runs vLLM alone with prefix caching off;
+``align`` runs vLLM alone with its own prefix caching in align mode.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def engine_args(mode: str, store: str, skip_groups: str, max_batched: int) -> di
             "max_num_batched_tokens": max_batched}
     if mode == "plain":
         return {**args, "enable_prefix_caching": False}
+    if mode == "align":
+        return {**args, "enable_prefix_caching": True, "mamba_cache_mode": "align"}
     extra = {"lmcache.chunk_size": BLOCK, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": 0.5,
              "lmcache.remote_url": f"fs://localhost:0{store}", "lmcache.remote_serde": "naive"}
     if skip_groups:
