@@ -70,6 +70,15 @@ def test_recurrent_state_stays_unrestorable_and_says_which_setting_to_change(spe
     assert why.startswith("group 1 (MambaSpec): ") and message in why
 
 
+def test_groups_failing_the_same_setting_are_named_in_one_reason():
+    plan = plan_groups([group(["m0"], mamba(mode="align")), group(["m1"], mamba(mode="align")),
+                        group(["a"], full())], DEFAULT, StepSettings(2 * BLOCK, 4096))
+    assert plan.why_no_hits() == (
+        f"groups 0, 1 (MambaSpec): max_num_batched_tokens 4096 lets one prefill step span several {BLOCK}-token "
+        f"blocks, and vLLM keeps the state only where a step ends: set max_num_batched_tokens below {2 * BLOCK} "
+        f"(e.g. {BLOCK})")
+
+
 def test_user_may_declare_a_group_unneeded():
     settings = PlatformSettings.load({"platforms.skip_groups": "MambaSpec"}, env={})
     plan = plan_groups([group(["a"], full()), group(["m"], mamba())], settings)

@@ -52,9 +52,20 @@ class GroupPlan:
         return bool(self.saved) and not self.unrestorable
 
     def why_no_hits(self) -> str:
+        """One line: the unrestorable groups, those sharing a reason named together (all of a model's Mamba
+        layers fail the same setting)."""
         if self.unrestorable:
-            return "; ".join(f"{self.groups[i].describe()}: {why}" for i, why in self.unrestorable.items())
+            by_reason: dict[str, list[int]] = {}
+            for index, why in self.unrestorable.items():
+                by_reason.setdefault(why, []).append(index)
+            return "; ".join(f"{self._name(indices)}: {why}" for why, indices in by_reason.items())
         return "" if self.saved else "no KV-cache group is saved"
+
+    def _name(self, indices: list[int]) -> str:
+        if len(indices) == 1:
+            return self.groups[indices[0]].describe()
+        names = ", ".join(dict.fromkeys(self.groups[i].spec_name for i in indices if self.groups[i].spec_name))
+        return f"groups {', '.join(map(str, indices))}" + (f" ({names})" if names else "")
 
     def describe(self) -> str:
         parts = [f"saved {[self.groups[i].describe() for i in self.saved]}"]
