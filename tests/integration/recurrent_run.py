@@ -1,10 +1,10 @@
 """One in-process vLLM CPU engine on the tiny Qwen3-Next in align mode, with or without our connector.
 
-``python -m tests.integration.recurrent_run MODEL STORE MODE [SKIP_GROUPS]`` runs the prompts given as JSON on
-stdin one request at a time (greedy) and prints one JSON line: each request's tokens, top-5 logprobs and
-cached tokens, our group plan, chunks stored and loaded, and the engines' health. MODE ``connector`` uses
-LMCache with a persistent ``fs://`` store in STORE; ``plain`` runs vLLM alone with prefix caching off;
-``align`` runs vLLM alone with its own prefix caching in align mode.
+``python -m tests.integration.recurrent_run MODEL STORE MODE [SKIP_GROUPS [MAX_NUM_BATCHED_TOKENS]]`` runs the
+prompts given as JSON on stdin one request at a time (greedy) and prints one JSON line: each request's tokens,
+top-5 logprobs and cached tokens, our group plan, chunks stored and loaded, and the engines' health. MODE
+``connector`` uses LMCache with a persistent ``fs://`` store in STORE; ``plain`` runs vLLM alone with prefix
+caching off; ``align`` runs vLLM alone with its own prefix caching in align mode.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main(model: str, store: str, mode: str, skip_groups: str = "", max_batched: 
 
         impl = get_kv_transfer_group().impl
         counters = impl.lmcache_engine.gpu_connector.binding.counters
-        result.update(plan=impl.plan.describe(), hits_allowed=impl.plan.hits_allowed,
+        result.update(plan=impl.plan.describe(), hits_allowed=impl.plan.hits_allowed, why=impl.plan.why_no_hits(),
                       chunks_stored=counters.chunks_stored, chunks_loaded=counters.chunks_loaded)
     print(json.dumps(result))
 

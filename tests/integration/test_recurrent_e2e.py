@@ -28,13 +28,14 @@ D = PREFIX[:256] + [(i * 13) % 1800 + 3 for i in range(300)]  # shares one chunk
 E = PREFIX  # the whole prompt is stored: a hit must stop a chunk short (vLLM computes the last token)
 
 
-def run_pass(model: Path, store: Path, mode: str, prompts: list[list[int]], skip_groups: str = "") -> dict:
+def run_pass(model: Path, store: Path, mode: str, prompts: list[list[int]], skip_groups: str = "",
+             max_num_batched_tokens: int = 256) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "tests.integration.recurrent_run", str(model), str(store), mode,
-                           skip_groups], input=json.dumps(prompts), cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+                           skip_groups, str(max_num_batched_tokens)], input=json.dumps(prompts), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1]) | {"log": proc.stderr}
     assert not any(e["degraded"] for e in result["health"])
     return result
 
@@ -74,6 +75,17 @@ def test_negative_control_state_not_restored_is_caught(model, reference, tmp_pat
     assert [r["cached"] for r in warm["runs"]][:2] == [512, 512]
     assert 1 in mismatches(cold, {"runs": reference["runs"][:2]})
     assert mismatches(warm, reference)[:2] == [0, 1]
+
+
+def test_a_step_budget_spanning_blocks_claims_no_hit_and_says_which_setting(model, reference, tmp_path):
+    """With a 4096-token budget vLLM runs A's first 512 tokens as one step, so no state exists at 256: the group
+    stays unrestorable, nothing is stored (so nothing can ever hit), and the start-up log names the fix."""
+    why = ("groups 0, 1, 2 (MambaSpec): max_num_batched_tokens 4096 lets one prefill step span several 256-token "
+           "blocks, and vLLM keeps the state only where a step ends: set max_num_batched_tokens below 512 (e.g. 256)")
+    result = run_pass(model, tmp_path, "connector", [A], max_num_batched_tokens=4096)
+    assert not result["hits_allowed"] and result["why"] == why and why in result["log"]
+    assert (result["chunks_stored"], result["chunks_loaded"]) == (0, 0)
+    assert result["runs"][0]["tokens"] == reference["runs"][0]["tokens"]
 
 
 def test_vllms_own_align_mode_prefix_caching_is_bit_exact_here(model, reference, tmp_path):
