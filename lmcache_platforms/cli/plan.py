@@ -37,6 +37,10 @@ def _table(summary: dict[str, Any]) -> str:
         f"({summary['chunk_bytes'] / 2**20:.2f} MiB)   skipped planes: {summary['skipped_planes']}"
         + (f" (groups {', '.join(map(str, skipped))})" if skipped else "")
     )
+    snapshots = summary["snapshot_groups"]
+    if snapshots:
+        lines.append(f"snapshot groups {', '.join(map(str, snapshots))}: each chunk carries the recurrent state at its "
+                     "end (one row); whole chunks only")
     return "\n".join(lines)
 
 

@@ -82,7 +82,7 @@ class LayoutEngine:
         self.layerwise = layerwise
         self.metadata = engine_metadata(layout, model_name, layer_steps or len(layout.layers))
         config = engine_config(layout.chunk_size, storage, layerwise=layerwise,
-                               save_unfull_chunk=not layout.multi_group)
+                               save_unfull_chunk=not layout.whole_chunks_only)
         connector_class = LayerwiseLayoutGPUConnector if layerwise else LayoutGPUConnector
         self.connector = connector_class(self.metadata, kernel_backend)
         self.connector.bind(layout)

@@ -68,8 +68,9 @@ def block_ids_from(kwargs: Mapping[str, Any], layout: KVLayout) -> list[torch.Te
 
 
 def check_chunk(layout: KVLayout, start: int, end: int) -> None:
-    """Refuse a partial chunk when several groups are saved: their rows would not cover the same tokens."""
-    if layout.multi_group and end - start != layout.chunk_size:
+    """Refuse a partial chunk when several groups are saved (their rows would not cover the same tokens) or a
+    snapshot group is (no snapshot exists mid-block)."""
+    if layout.whole_chunks_only and end - start != layout.chunk_size:
         raise TransferError(
             f"chunk [{start}, {end}) is partial but the layout saves groups "
             f"{sorted({tg.group for tg in layout.transfer_groups})}: only whole chunks of "

@@ -61,7 +61,7 @@ def _pool_size(layout: KVLayout, group: KVGroup) -> int:
 def make_request(layout: KVLayout, num_tokens: int, seed: int = 0) -> Request:
     """Random tokens and block tables for ``num_tokens`` tokens; whole chunks only when several groups."""
     chunk = layout.chunk_size
-    stored = num_tokens - num_tokens % chunk if layout.multi_group else num_tokens
+    stored = num_tokens - num_tokens % chunk if layout.whole_chunks_only else num_tokens
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(1, 30000, (num_tokens,), generator=gen).tolist()
     saved = {tg.group for tg in layout.transfer_groups}

@@ -14,6 +14,11 @@ class KVGroup:
 
     ``block_size`` counts ROWS per block (vLLM 0.32 ``spec.block_size // tokens_per_state``); one row holds
     ``tokens_per_row`` tokens (the compress ratio, 1 for plain attention). ``sliding_window`` is in tokens.
+
+    ``snapshots`` marks a state group whose rows are per-block snapshots of a recurrent state (vLLM's Mamba
+    groups in align mode): one row per block, ``tokens_per_row`` = the block's tokens, row ``r`` holding the
+    state after ``(r + 1) * tokens_per_row`` tokens. Resuming at a chunk boundary needs only the snapshot
+    there, so a chunk carries the one at its end.
     """
 
     index: int
@@ -23,6 +28,7 @@ class KVGroup:
     is_state: bool = False
     layer_names: tuple[str, ...] = ()
     spec_name: str = ""
+    snapshots: bool = False
 
     @property
     def tokens_per_block(self) -> int:
@@ -52,11 +58,12 @@ def is_saved(
     """Whether chunks carry this group: deny list, then allow list, then "state groups are skipped".
 
     List entries match a group's index (as text) or its exact spec class name. State is skipped by default
-    only because it is not needed to resume at a chunk boundary; ``save_groups`` overrides that.
+    only because it is not needed to resume at a chunk boundary; ``save_groups`` overrides that. Snapshot
+    groups are saved: resuming needs them.
     """
     if _matches(group, skip_groups):
         return False
-    if _matches(group, save_groups):
+    if _matches(group, save_groups) or group.snapshots:
         return True
     return not looks_like_state(group, state_markers)
 
@@ -84,6 +91,9 @@ def validate_groups(groups: Sequence[KVGroup], chunk_size: int) -> None:
             raise LayoutError(
                 f"{name}: tokens_per_row {group.tokens_per_row} does not divide chunk_size {chunk_size}"
             )
+        if group.snapshots and (group.block_size != 1 or group.sliding_window is not None):
+            raise LayoutError(f"{name}: a snapshot group has one row per block and no sliding window, got "
+                              f"block_size {group.block_size}, sliding_window {group.sliding_window}")
         window = group.sliding_window
         if window is not None:
             if window <= 0:

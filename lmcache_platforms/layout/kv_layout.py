@@ -177,6 +177,12 @@ class KVLayout:
         """More than one saved group: only whole chunks may be saved (a partial one is unsafe across groups)."""
         return len({tg.group for tg in self.transfer_groups}) > 1
 
+    @property
+    def whole_chunks_only(self) -> bool:
+        """Only whole chunks may be saved: several groups, or a snapshot group (snapshots exist only at block
+        boundaries, so a partial chunk would carry none)."""
+        return self.multi_group or any(g.snapshots for g in self.saved_groups)
+
     def chunk_slots(
         self, tg: TransferGroup, block_ids_per_group: Sequence[BlockIds], start: int, end: int
     ) -> torch.Tensor:
@@ -200,6 +206,7 @@ class KVLayout:
             "skipped_groups": sorted({p.group for p in self.skipped_planes}),
             "chunk_bytes": self.chunk_bytes,
             "multi_group": self.multi_group,
+            "snapshot_groups": [g.index for g in self.saved_groups if g.snapshots],
         }
 
 

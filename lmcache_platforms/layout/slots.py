@@ -74,10 +74,14 @@ def chunk_rows(group: KVGroup, start: int, end: int, chunk_size: int) -> tuple[i
     """(first_row, num_rows): the rows chunk ``[start, end)`` stores.
 
     Those are the rows whose first token lies in the chunk; a sliding-window group keeps only rows whose
-    first token is ``>= end - sliding_window`` (the tail attention still needs at the chunk's end).
+    first token is ``>= end - sliding_window`` (the tail attention still needs at the chunk's end); a
+    snapshot group keeps the one snapshot taken at the chunk's end, and none when the chunk ends mid-block
+    (no snapshot exists there).
     """
     _check_chunk(group, start, end, chunk_size)
     cr = group.tokens_per_row
+    if group.snapshots:
+        return max(0, end // cr - 1), int(end % cr == 0 and end >= cr)
     first, stop = _ceil_div(start, cr), _ceil_div(end, cr)
     if group.sliding_window is not None:
         first = max(first, _ceil_div(end - group.sliding_window, cr))
@@ -85,7 +89,10 @@ def chunk_rows(group: KVGroup, start: int, end: int, chunk_size: int) -> tuple[i
 
 
 def physical_rows_per_chunk(group: KVGroup, chunk_size: int) -> int:
-    """Rows one chunk reserves for this group: all its rows, or only the window's for sliding groups."""
+    """Rows one chunk reserves for this group: all its rows, only the window's for sliding groups, one
+    snapshot for snapshot groups."""
+    if group.snapshots:
+        return 1
     full = _ceil_div(chunk_size, group.tokens_per_row)
     if group.sliding_window is None:
         return full

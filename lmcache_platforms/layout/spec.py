@@ -20,7 +20,7 @@ from lmcache_platforms.layout.slots import rows_for_tokens
 
 _TOP_KEYS = {"name", "chunk_size", "num_tokens", "num_blocks", "shared_buffer", "block_padding_bytes",
              "groups", "layers", "description"}
-_GROUP_KEYS = {"block_size", "tokens_per_row", "sliding_window", "state", "name"}
+_GROUP_KEYS = {"block_size", "tokens_per_row", "sliding_window", "state", "snapshots", "name"}
 _LAYER_KEYS = {"name", "planes"}
 _PLANE_KEYS = {"group", "shape", "dims", "dtype", "name"}
 
@@ -89,6 +89,7 @@ class LayoutSpec:
             "groups": [
                 {"block_size": g.block_size, "tokens_per_row": g.tokens_per_row,
                  "sliding_window": g.sliding_window, "state": g.is_state}
+                | ({"snapshots": True} if g.snapshots else {})
                 | ({"name": g.spec_name} if g.spec_name else {})
                 for g in self.groups
             ],
@@ -158,6 +159,7 @@ def _group(index: int, raw: Any) -> KVGroup:
         sliding_window=None if window is None else _int(window, f"{where}.sliding_window"),
         is_state=_bool(g.get("state", False), f"{where}.state"),
         spec_name=_str(g["name"], f"{where}.name") if "name" in g else "",
+        snapshots=_bool(g.get("snapshots", False), f"{where}.snapshots"),
     )
 
 

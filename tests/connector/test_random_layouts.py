@@ -1,10 +1,10 @@
 """Random layouts, not only the shipped examples, through a real ``LMCacheEngine``: store, wipe, retrieve, bit
 for bit.
 
-Each example draws a layout file (1-3 groups with sliding windows, compressed rows, state groups,
-non-power-of-two block and chunk sizes, padded or shared buffers, mixed dtypes), a mode, a kernel backend,
-the paged or the layerwise connector (any number of steps), and a request whose block tables hold null
-blocks both where vLLM frees a sliding window's prefix and at random places (blocks vLLM's prefix cache
+Each example draws a layout file (1-3 groups with sliding windows, compressed rows, state groups, snapshot
+groups of recurrent state, non-power-of-two block and chunk sizes, padded or shared buffers, mixed dtypes), a
+mode, a kernel backend, the paged or the layerwise connector (any number of steps), and a request whose block
+tables hold null blocks both where vLLM frees a sliding window's prefix and at random places (blocks vLLM's prefix cache
 owns are passed as 0 too). The selftest oracle then demands that every row a stored chunk holds comes back
 at its new slot, that no other row of any plane was written, and that LMCache hits exactly the tokens that
 were stored (only whole chunks when several groups are saved). Because that oracle computes slots with
@@ -49,7 +49,7 @@ def frozen_heap() -> Iterator[None]:
 def cases(draw) -> tuple[LayoutSpec, str, str, int | None, int, list[list[bool]]]:
     """(layout file, mode, kernel backend, layerwise steps or None for the paged connector, seed, per group:
     which blocks of the table are also null)."""
-    spec = draw(layout_specs(every_group=True, min_chunks=1))
+    spec = draw(layout_specs(every_group=True, min_chunks=1, snapshots=True))
     mode = draw(st.sampled_from(["bundled", "exploded"]))
     backend = draw(st.sampled_from(["auto", "torch"]))
     steps = draw(st.one_of(st.none(), st.integers(1, len(spec.layers))))
@@ -69,16 +69,21 @@ def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> rou
 
 def model_rows(spec: LayoutSpec, num_tokens: int) -> dict[int, list[int]]:
     """Per saved group, the rows LMCache must hand back, by the README's rules alone: state groups are not
-    saved; with several saved groups only whole chunks are; a row belongs to the chunk holding its first
-    token; a sliding-window group keeps the rows whose first token is within the window before the chunk's
-    end."""
-    saved = [g for g in spec.groups if not (g.is_state or "State" in g.spec_name)]
-    stored = num_tokens - num_tokens % spec.chunk_size if len(saved) > 1 else num_tokens
+    saved unless they are snapshot groups; with several saved groups or a snapshot group only whole chunks
+    are; a row belongs to the chunk holding its first token; a sliding-window group keeps the rows whose
+    first token is within the window before the chunk's end; a snapshot group keeps the snapshot taken at
+    the chunk's end (row r = the state after (r + 1) x tokens_per_row tokens)."""
+    saved = [g for g in spec.groups if g.snapshots or not (g.is_state or "State" in g.spec_name)]
+    whole = len(saved) > 1 or any(g.snapshots for g in saved)
+    stored = num_tokens - num_tokens % spec.chunk_size if whole else num_tokens
     out: dict[int, list[int]] = {}
     for g in saved:
         cr, rows = g.tokens_per_row, []
         for start in range(0, stored, spec.chunk_size):
             end = min(start + spec.chunk_size, stored)
+            if g.snapshots:
+                rows += [end // cr - 1]
+                continue
             low = start if g.sliding_window is None else max(start, end - g.sliding_window)
             rows += [t // cr for t in range(low, end) if t % cr == 0]
         out[g.index] = rows
@@ -132,7 +137,7 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
     layout = materialize(spec, mode, seed=seed)
     assume(layout.transfer_groups)  # every group a state group: nothing is saved, vLLM gets no hits either
     request = with_extra_nulls(roundtrip.make_request(layout, spec.num_tokens, seed), nulls)
-    if layout.multi_group:
+    if layout.whole_chunks_only:
         assert request.stored_tokens == spec.num_tokens // spec.chunk_size * spec.chunk_size
     before = {(p.layer, p.name): p.rows_view().clone() for p in roundtrip.all_planes(layout)}
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, spec.num_tokens))

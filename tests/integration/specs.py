@@ -31,8 +31,10 @@ def compressed(ratio: int, block: int = 128) -> MLAAttentionSpec:
                             tokens_per_state=ratio)
 
 
-def mamba(block: int = BLOCK) -> MambaSpec:
-    return MambaSpec(block_size=block, shapes=((4, 8),), dtypes=(torch.float32,))
+def mamba(block: int = BLOCK, mode: str = "none", **kwargs) -> MambaSpec:
+    """A GDN-like state: a bf16 conv plane and a float32 SSM plane per block."""
+    return MambaSpec(block_size=block, shapes=((3, 16), (2, 8, 8)), dtypes=(torch.bfloat16, torch.float32),
+                     mamba_cache_mode=mode, **kwargs)
 
 
 def group(names: list[str], spec, **kwargs) -> KVCacheGroupSpec:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups, tokens_per_row
-from tests.integration.specs import compressed, full, gemma_like, group, mamba, sliding
+from lmcache_platforms.integration.vllm.recurrent import StepSettings
+from tests.integration.specs import BLOCK, compressed, full, gemma_like, group, mamba, sliding
 
 DEFAULT = PlatformSettings()
 
@@ -32,12 +35,48 @@ def test_transfer_disabled_group_is_skipped_not_blocking():
     assert plan.hits_allowed and not plan.multi_group
 
 
-def test_mamba_state_blocks_every_hit():
-    plan = plan_groups([group(["a"], full()), group(["m"], mamba())], DEFAULT)
-    assert plan.saved == (0,)
-    assert list(plan.unrestorable) == [1]
-    assert not plan.hits_allowed
-    assert "group 1 (MambaSpec)" in plan.why_no_hits()
+ALIGNED = StepSettings(chunk_size=2 * BLOCK, max_num_batched_tokens=BLOCK)
+
+
+def test_mamba_in_align_mode_is_saved_as_per_block_snapshots():
+    plan = plan_groups([group(["a"], full()), group(["m"], mamba(mode="align"))], DEFAULT, ALIGNED)
+    assert plan.saved == (0, 1) and plan.hits_allowed and plan.snapshot_groups == (1,)
+    snapshot = plan.groups[1]
+    assert (snapshot.block_size, snapshot.tokens_per_row, snapshot.is_state) == (1, BLOCK, True)
+    assert plan.whole_chunks_only
+
+
+def test_a_recurrent_only_model_saves_whole_chunks_only():
+    plan = plan_groups([group(["m"], mamba(mode="align"))], DEFAULT, ALIGNED)
+    assert plan.hits_allowed and not plan.multi_group and plan.whole_chunks_only
+
+
+@pytest.mark.parametrize(("spec", "steps", "message"), [
+    (mamba(), ALIGNED, "mamba_cache_mode='align' (it is 'none'): start vLLM with enable_prefix_caching=True, "
+                       "mamba_cache_mode='align'"),
+    (mamba(mode="align"), StepSettings(BLOCK + 16, BLOCK),
+     f"LMCache chunk_size {BLOCK + 16} is not a multiple of vLLM's block size {BLOCK} tokens: set chunk_size to a "
+     f"multiple of {BLOCK}"),
+    (mamba(mode="align"), StepSettings(2 * BLOCK, 2 * BLOCK),
+     f"max_num_batched_tokens {2 * BLOCK} lets one prefill step span several {BLOCK}-token blocks, and vLLM keeps "
+     f"the state only where a step ends: set max_num_batched_tokens below {2 * BLOCK} (e.g. {BLOCK})"),
+    (mamba(mode="align", num_speculative_blocks=1), ALIGNED, "speculative decoding"),
+    (mamba(mode="align"), None, "LMCache chunk_size 0"),
+])
+def test_recurrent_state_stays_unrestorable_and_says_which_setting_to_change(spec, steps, message):
+    plan = plan_groups([group(["a"], full()), group(["m"], spec)], DEFAULT, steps)
+    assert plan.saved == (0,) and list(plan.unrestorable) == [1] and not plan.hits_allowed
+    why = plan.why_no_hits()
+    assert why.startswith("group 1 (MambaSpec): ") and message in why
+
+
+def test_groups_failing_the_same_setting_are_named_in_one_reason():
+    plan = plan_groups([group(["m0"], mamba(mode="align")), group(["m1"], mamba(mode="align")),
+                        group(["a"], full())], DEFAULT, StepSettings(2 * BLOCK, 4096))
+    assert plan.why_no_hits() == (
+        f"groups 0, 1 (MambaSpec): max_num_batched_tokens 4096 lets one prefill step span several {BLOCK}-token "
+        f"blocks, and vLLM keeps the state only where a step ends: set max_num_batched_tokens below {2 * BLOCK} "
+        f"(e.g. {BLOCK})")
 
 
 def test_user_may_declare_a_group_unneeded():

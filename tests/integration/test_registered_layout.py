@@ -7,6 +7,7 @@ import torch
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups
+from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, kernel_rows_per_block
 from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.tensors import TensorLayout
@@ -56,6 +57,23 @@ def test_only_saved_groups_are_described():
     caches = {"a": torch.zeros(4, 32, 64), "m": [torch.zeros(4, 3), torch.zeros(4, 5, 7)]}
     layout = build_layout(caches, plan, 64, SETTINGS, NO_HINT, 4)
     assert [tg.group for tg in layout.transfer_groups] == [0]
+
+
+def test_recurrent_layers_become_one_snapshot_row_per_block():
+    """vLLM 0.32's CPU runner registers a GDN layer as one int8 view of each block's state bytes (conv + SSM)
+    inside a padded page; vLLM 0.23 / other runners give the typed planes as a list. Both: one row per block."""
+    plan = plan_groups([group(["a"], full()), group(["m", "t"], mamba(mode="align"))], SETTINGS,
+                       StepSettings(64, 32))
+    pages = torch.zeros(4, 2, 1, 1, 768, dtype=torch.int8)
+    typed = [torch.zeros(4, 3, 16, dtype=torch.bfloat16), torch.zeros(4, 2, 8, 8)]
+    caches = {"a": torch.zeros(4, 32, 64), "m": pages[:, 0, :, :, :608], "t": typed}
+    layout = build_layout(caches, plan, 64, SETTINGS, NO_HINT, 4)
+    snapshot = next(tg for tg in layout.transfer_groups if tg.group == 1)
+    assert snapshot.rows_per_chunk == 1 and snapshot.bytes_per_chunk == 2 * 608
+    geometry = {(p.layer, p.name): (p.geometry.rows_per_block, p.geometry.block_stride, p.row_bytes)
+                for p in snapshot.planes}
+    assert geometry == {("m", "state0"): (1, 1536, 608), ("t", "state0"): (1, 96, 96),
+                        ("t", "state1"): (1, 512, 512)}
 
 
 def test_missing_layer_and_unreadable_tensor_stop_registration():

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups, single_group_plan
+from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, build_request_meta, first_savable_token
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
-from tests.integration.specs import compressed, full, gemma_like, group
+from lmcache_platforms.layout.slots import chunk_slots
+from tests.integration.specs import compressed, full, gemma_like, group, mamba
 
 CHUNK = 64
 
@@ -73,3 +78,54 @@ def test_load_only_request_and_decode_phase():
     assert build_request_meta(t, plan, CHUNK) is None
     meta = build_request_meta(t, plan, CHUNK, load_spec=LoadSpec(0, 128, True))
     assert not meta.save_spec.can_save and len(meta.token_ids) == 128
+
+
+ALIGN = StepSettings(chunk_size=CHUNK, max_num_batched_tokens=32)
+
+
+def gdn_plan():
+    """A GDN hybrid as vLLM groups it in align mode: a recurrent group and a full-attention group, 32 tokens
+    per block, 64-token chunks."""
+    return plan_groups([group(["linear"], mamba(mode="align")), group(["attn"], full())], PlatformSettings(), ALIGN)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 6), st.integers(1, 100), st.data())
+def test_a_load_puts_the_hit_snapshot_where_vllm_resumes(hit_chunks, held_blocks, scheduled, data):
+    """vLLM (align mode) resumes a request with N computed tokens from block ``cdiv(N + scheduled, bs) - 1``
+    after copying block ``N // bs - 1`` into it (its null block for tokens LMCache brought): the snapshot at N
+    must land in the first, and no other snapshot may be written."""
+    hit = hit_chunks * CHUNK
+    vllm_cached = min(held_blocks * 32, hit - 32)
+    step_end = hit + scheduled
+    num_blocks = -(-step_end // 32)
+    resume_block = 1000 + data.draw(st.integers(0, 50))
+    recurrent = [0] * (num_blocks - 1) + [resume_block]
+    attention = list(range(1, num_blocks + 1))
+    t = tracker(step_end, [recurrent, attention])
+    meta = build_request_meta(t, gdn_plan(), CHUNK, load_spec=LoadSpec(vllm_cached, hit, True))
+    ids = meta.blocks_not_held(vllm_cached, hit)
+    snapshot = gdn_plan().groups[0]
+    written = {c0: chunk_slots(snapshot, ids[0], c0, c0 + CHUNK, CHUNK).tolist()
+               for c0 in range(vllm_cached // CHUNK * CHUNK, hit, CHUNK)}
+    assert written[hit - CHUNK] == [resume_block]
+    assert all(slots == [-1] for c0, slots in written.items() if c0 != hit - CHUNK)
+
+
+def test_a_snapshot_load_without_its_resume_block_is_refused():
+    t = tracker(130, [[0, 0, 0, 0, 9], list(range(1, 6))])
+    meta = build_request_meta(t, gdn_plan(), CHUNK, load_spec=LoadSpec(0, 100, True))
+    with pytest.raises(ValueError, match="request r: group 0 has no snapshot block for a hit of 100 tokens"):
+        meta.blocks_not_held(0, 100)
+
+
+def test_recurrent_groups_save_only_chunks_whose_end_snapshot_exists():
+    """vLLM keeps the state only where a step ended; a chunk whose end block is null (a step ran past it)
+    is never saved, so no hit can end there."""
+    plan = gdn_plan()
+    assert build_request_meta(tracker(128, [[4, 0, 6, 0], [1, 2, 3, 4]]), plan, CHUNK) is None
+    meta = build_request_meta(tracker(128, [[4, 0, 6, 7], [1, 2, 3, 4]]), plan, CHUNK)
+    assert meta.save_spec.can_save and (meta.save_spec.skip_leading_tokens, meta.save_spec.num_tokens) == (64, 128)
+    t = tracker(128, [[4, 5, 6, 7], [1, 2, 3, 4]])
+    meta = build_request_meta(t, plan, CHUNK)
+    assert meta.save_spec.can_save and (meta.save_spec.skip_leading_tokens, meta.save_spec.num_tokens) == (0, 128)

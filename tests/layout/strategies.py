@@ -38,9 +38,11 @@ def _divisors(n: int) -> list[int]:
 
 
 @st.composite
-def kv_groups(draw, max_groups: int = 4, chunk_size: int | None = None) -> tuple[list[KVGroup], int]:
+def kv_groups(draw, max_groups: int = 4, chunk_size: int | None = None,
+              snapshots: bool = False) -> tuple[list[KVGroup], int]:
     """(groups, chunk_size) obeying the layout rules: every group's block (in tokens) divides the largest one,
-    compress ratios divide the chunk, the block and the window; sizes need not be powers of two."""
+    compress ratios divide the chunk, the block and the window; sizes need not be powers of two. With
+    ``snapshots``, groups after the first may be snapshot groups (one row per block dividing the chunk)."""
     chunk = chunk_size or draw(st.sampled_from(CHUNK_SIZES))
     largest = draw(st.sampled_from(LARGEST_BLOCK_TOKENS))
     count = draw(st.integers(1, max_groups))
@@ -51,6 +53,10 @@ def kv_groups(draw, max_groups: int = 4, chunk_size: int | None = None) -> tuple
         cr = draw(st.sampled_from([c for c in COMPRESS_RATIOS if chunk % c == 0 and tokens_per_block % c == 0]))
         window = draw(st.one_of(st.none(), st.integers(1, 3 * chunk // cr).map(lambda k, cr=cr: k * cr)))
         name = draw(st.sampled_from(SPEC_NAMES))
+        if snapshots and index > 0 and chunk % tokens_per_block == 0 and draw(st.booleans()):
+            groups.append(KVGroup(index=index, block_size=1, tokens_per_row=tokens_per_block, is_state=True,
+                                  spec_name="MambaSpec", snapshots=True))
+            continue
         groups.append(KVGroup(
             index=index,
             block_size=tokens_per_block // cr,
@@ -86,13 +92,13 @@ def plane_specs(draw, group: int, block_size: int, num_blocks: int) -> PlaneSpec
 
 @st.composite
 def layout_specs(draw, max_groups: int = 3, max_layers: int = 3, every_group: bool = False,
-                 min_chunks: int = 0) -> LayoutSpec:
+                 min_chunks: int = 0, snapshots: bool = False) -> LayoutSpec:
     """A small random layout file (a few KiB of tensors) that passes every check.
 
     ``every_group``: each group has at least one plane, as every vLLM group has layers; ``min_chunks``: the
-    file's tokens fill at least that many whole chunks.
+    file's tokens fill at least that many whole chunks; ``snapshots``: groups may be snapshot groups.
     """
-    groups, chunk = draw(kv_groups(max_groups=max_groups))
+    groups, chunk = draw(kv_groups(max_groups=max_groups, snapshots=snapshots))
     num_tokens = draw(st.integers(max(1, min_chunks * chunk), max(3, min_chunks + 1) * chunk))
     num_blocks = tuple(
         math.ceil(rows_for_tokens(num_tokens, g) / g.block_size) + 1 + draw(st.integers(0, 2)) for g in groups

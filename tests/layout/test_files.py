@@ -24,7 +24,7 @@ from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, pla
 from tests.layout.strategies import layout_specs
 
 BENCH = ("deepseek-v4", "llama8b")
-SMALL = ("ascend-310p-nz", "deepseek-v4-small", "gemma3", "llama", "mla-int8", "vllm-cpu")
+SMALL = ("ascend-310p-nz", "deepseek-v4-small", "gemma3", "llama", "mla-int8", "qwen3-next", "vllm-cpu")
 
 
 def test_shipped_examples():

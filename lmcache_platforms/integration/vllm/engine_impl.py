@@ -5,6 +5,8 @@ and replaces what assumed one group: the request tracker, the per-step metadata,
 failed-block reporting. Rules on top of upstream's:
   - more than one saved group => only whole chunks are saved;
   - a group we can neither restore nor prove unnecessary => no hit is ever claimed (and nothing saved);
+  - a recurrent group in vLLM's align mode travels as one state snapshot per chunk, so hits end on chunk
+    boundaries, and a load writes the snapshot into the block vLLM resumes from (``request_meta.py``);
   - a hit is loaded while its request waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` state (``async_loads``)
     whenever the load mode is ``async`` or several groups are saved (in ``sync`` the step waits for that
     load, bounded by ``load_timeout_s``), and a load that came back short is
@@ -38,6 +40,7 @@ from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
+from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
@@ -143,7 +146,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self.plan: GroupPlan = single_group_plan(self._block_size)
             self._num_blocks: int | None = None
         else:
-            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings)
+            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings,
+                                    StepSettings.from_vllm(vllm_config, config.chunk_size))
             self._num_blocks = kv_cache_config.num_blocks
         self.layout = None
         self._key_tags: dict[str, str] = {}
@@ -269,7 +273,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
                 vllm_cached_tokens=spec.vllm_cached_tokens,
                 load_guard=guard,
-                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens)),
+                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)),
             )
         finally:
             if not self.async_loading:
@@ -435,6 +439,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if not self.plan.hits_allowed or request.request_id in self._failed_loads:
             return 0, False
         tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if tokens and self.plan.snapshot_groups:
+            tokens = self._to_snapshot(request.request_id, num_computed_tokens, tokens)
         return tokens, bool(tokens) and self.waits_for_loads
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -446,17 +452,20 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if not self.waits_for_loads or spec is None or not spec.can_load:
             return
         del self.load_specs[req_id]
+        # Only the hit: vLLM allocated blocks for it alone, and no step computes this request now (so a
+        # snapshot group's hit-point block, which vLLM copies forward itself, is where its state goes).
+        hit = spec.lmcache_cached_tokens
         tracker = RequestTracker(
-            req_id=req_id, prompt_len=request.num_prompt_tokens, token_ids=list(request.all_token_ids),
+            req_id=req_id, prompt_len=request.num_prompt_tokens, token_ids=list(request.all_token_ids[:hit]),
             block_ids=block_ids_per_group(blocks.get_block_ids(), len(self.plan.groups)),
             request_configs=extract_request_configs(request.sampling_params))
         tracker.mm_hashes, tracker.mm_positions = extract_mm_features(request)
         meta = build_request_meta(tracker, self.plan, self._lmcache_chunk_size, force_skip_save=True,
-                                  load_spec=LoadSpec(spec.vllm_cached_tokens, spec.lmcache_cached_tokens, True))
+                                  load_spec=LoadSpec(spec.vllm_cached_tokens, hit, True))
         assert meta is not None
         meta.load_while_waiting = True
         self._wait_loads[req_id] = meta
-        self._loaded_while_waiting[req_id] = spec.lmcache_cached_tokens
+        self._loaded_while_waiting[req_id] = hit
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Scheduler side: remember failed wait-state loads, so the request is recomputed and saved anew."""
@@ -468,6 +477,16 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         """Tokens LMCache holds for a request scheduled now: this step's load, or one done while it waited."""
         waited = self._loaded_while_waiting.pop(req_id, 0)
         return load_spec.lmcache_cached_tokens if load_spec is not None else waited
+
+    def _to_snapshot(self, req_id: str, num_computed_tokens: int, need: int) -> int:
+        """A hit must end where a snapshot exists, a chunk boundary: upstream's full-prompt hit (one token short,
+        so vLLM computes the last) goes back to the previous boundary."""
+        chunk = self._lmcache_chunk_size
+        end = (num_computed_tokens + need) // chunk * chunk
+        spec = self.load_specs.get(req_id)
+        if spec is not None:
+            spec.lmcache_cached_tokens = min(spec.lmcache_cached_tokens, end)
+        return max(0, end - num_computed_tokens)
 
     def _pop_load_spec(self, req_id: str) -> LoadSpec | None:
         spec = self.load_specs.pop(req_id, None)

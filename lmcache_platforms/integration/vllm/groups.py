@@ -4,6 +4,8 @@ Both vLLM generations are read here: 0.32+ names the compression ``tokens_per_st
 ``enable_kv_transfer=False``; 0.23 (vllm-ascend) names it ``compress_ratio``. A group is either saved,
 skipped because resuming provably does not need it, or unrestorable; one unrestorable group means no hit
 may ever be claimed for the model (a partly restored cache gives wrong output, a miss only costs time).
+A recurrent-state (Mamba) group is saved as a snapshot group when vLLM keeps its state at every chunk
+boundary (``recurrent.py``), unrestorable otherwise.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from lmcache_platforms.config import PlatformSettings
+from lmcache_platforms.integration.vllm.recurrent import StepSettings, is_recurrent, snapshot_problem
 from lmcache_platforms.layout.groups import KVGroup, is_saved
 
 
@@ -36,13 +39,33 @@ class GroupPlan:
         return len(self.saved) > 1
 
     @property
+    def whole_chunks_only(self) -> bool:
+        """Several groups, or a snapshot group (no snapshot exists mid-block): only whole chunks are saved."""
+        return self.multi_group or any(g.snapshots for g in self.saved_groups)
+
+    @property
+    def snapshot_groups(self) -> tuple[int, ...]:
+        return tuple(i for i in self.saved if self.groups[i].snapshots)
+
+    @property
     def hits_allowed(self) -> bool:
         return bool(self.saved) and not self.unrestorable
 
     def why_no_hits(self) -> str:
+        """One line: the unrestorable groups, those sharing a reason named together (all of a model's Mamba
+        layers fail the same setting)."""
         if self.unrestorable:
-            return "; ".join(f"{self.groups[i].describe()}: {why}" for i, why in self.unrestorable.items())
+            by_reason: dict[str, list[int]] = {}
+            for index, why in self.unrestorable.items():
+                by_reason.setdefault(why, []).append(index)
+            return "; ".join(f"{self._name(indices)}: {why}" for why, indices in by_reason.items())
         return "" if self.saved else "no KV-cache group is saved"
+
+    def _name(self, indices: list[int]) -> str:
+        if len(indices) == 1:
+            return self.groups[indices[0]].describe()
+        names = ", ".join(dict.fromkeys(self.groups[i].spec_name for i in indices if self.groups[i].spec_name))
+        return f"groups {', '.join(map(str, indices))}" + (f" ({names})" if names else "")
 
     def describe(self) -> str:
         parts = [f"saved {[self.groups[i].describe() for i in self.saved]}"]
@@ -69,8 +92,7 @@ def tokens_per_row(spec: Any) -> int | Fraction:
 
 
 def _unrestorable_reason(spec: Any, ratio: int | Fraction) -> str | None:
-    name = type(spec).__name__
-    if "Mamba" in name or (isinstance(ratio, int) and ratio < 0):
+    if isinstance(ratio, int) and ratio < 0:
         return "recurrent state without per-chunk snapshots cannot be restored from LMCache chunks"
     if isinstance(ratio, Fraction) and ratio.denominator != 1:
         return f"{ratio} tokens per row (several rows per token) is not supported"
@@ -79,10 +101,20 @@ def _unrestorable_reason(spec: Any, ratio: int | Fraction) -> str | None:
     return None
 
 
-def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings) -> tuple[KVGroup, str | None]:
+def _snapshot_group(index: int, group_spec: Any, layer: Any, steps: StepSettings) -> tuple[KVGroup, str | None]:
+    """A recurrent group: one snapshot row per block of ``block_size`` tokens."""
+    group = KVGroup(index=index, block_size=1, tokens_per_row=group_spec.kv_cache_spec.block_size, is_state=True,
+                    layer_names=tuple(group_spec.layer_names), spec_name=type(layer).__name__, snapshots=True)
+    return group, snapshot_problem(layer, steps)
+
+
+def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings,
+                    steps: StepSettings | None = None) -> tuple[KVGroup, str | None]:
     """One vLLM ``KVCacheGroupSpec`` as a ``KVGroup``, with the reason it cannot be restored (or None)."""
     spec = group_spec.kv_cache_spec
     layer = _first_layer_spec(spec)
+    if is_recurrent(layer):
+        return _snapshot_group(index, group_spec, layer, steps or StepSettings())
     ratio = tokens_per_row(spec)
     problem = _unrestorable_reason(layer, ratio)
     cr = int(ratio) if problem is None else 1
@@ -100,14 +132,16 @@ def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings) -> 
     return group, problem
 
 
-def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings) -> GroupPlan:
-    """Decide, for every vLLM group, saved / skipped (with why it is not needed) / unrestorable."""
+def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings,
+                steps: StepSettings | None = None) -> GroupPlan:
+    """Decide, for every vLLM group, saved / skipped (with why it is not needed) / unrestorable; ``steps``
+    (chunk size, vLLM's step budget) decides whether recurrent groups can be saved."""
     groups: list[KVGroup] = []
     saved: list[int] = []
     skipped: dict[int, str] = {}
     unrestorable: dict[int, str] = {}
     for index, group_spec in enumerate(kv_cache_groups):
-        group, problem = group_from_spec(index, group_spec, settings)
+        group, problem = group_from_spec(index, group_spec, settings, steps)
         groups.append(group)
         markers, allow, deny = settings.state_markers, settings.save_groups, settings.skip_groups
         if getattr(group_spec, "enable_kv_transfer", True) is False:

@@ -3,8 +3,11 @@
 0.32+ gives each layer a strided view into one shared buffer (its block count may be a multiple of the
 scheduler's when kernel blocks are smaller than manager blocks); 0.23 / vllm-ascend gives tensors, tuples
 of planes (K/V, MLA nope/rope, sparse K/V/index/scale) or lists of padded views. Only the layers of saved
-groups are described. Ambiguous layouts are resolved from the attention backend that owns the layer (vLLM's
-CPU backend is probed, never assumed); a layout we cannot describe raises here, before anything is copied.
+groups are described. A recurrent (snapshot) group's layer gives its state as tensors ``[blocks, *state]``,
+each one row per block: vLLM 0.32's CPU runner registers one int8 view of a block's conv + SSM bytes (inside
+the padded page), other runners the typed conv and SSM planes. Ambiguous layouts are resolved from the
+attention backend that owns the layer (vLLM's CPU backend is probed, never assumed); a layout we cannot
+describe raises here, before anything is copied.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from lmcache_platforms.integration.vllm.cpu_cache_probe import probe_cpu_layout
 from lmcache_platforms.integration.vllm.groups import GroupPlan
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
-from lmcache_platforms.layout.tensors import Hint, planes_from_tensor
+from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.layout.tensors import Hint, planes_from_dims, planes_from_tensor
 
 HintFor = Callable[[str, Any, KVGroup], Hint]
 
@@ -70,6 +74,16 @@ def vllm_hint_for(vllm_config: Any) -> HintFor:
     return hint
 
 
+def snapshot_planes(layer_name: str, group: KVGroup, value: Any) -> list[Plane]:
+    """A recurrent layer's state tensors, each ``[blocks, *state]``: one row (the whole state) per block."""
+    items = [value] if isinstance(value, torch.Tensor) else list(value)
+    planes: list[Plane] = []
+    for i, tensor in enumerate(items):
+        dims = ("nb", "bs", *(f"r{d}" for d in range(tensor.dim() - 1)))
+        planes += planes_from_dims(layer_name, group.index, tensor.unsqueeze(1), dims, f"state{i}")
+    return planes
+
+
 def build_layout(
     kv_caches: Mapping[str, Any],
     plan: GroupPlan,
@@ -88,6 +102,9 @@ def build_layout(
     for name, value in kv_caches.items():
         group = group_of.get(name)
         if group is None:
+            continue
+        if group.snapshots:
+            entries.append(LayerEntry(name, tuple(snapshot_planes(name, group, value))))
             continue
         items = value if isinstance(value, torch.Tensor) else list(value)
         rows = kernel_rows_per_block(value, group, num_blocks)

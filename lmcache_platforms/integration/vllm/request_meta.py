@@ -6,6 +6,12 @@ in decode unless asked) with two hybrid-model rules on top: with more than one s
 are saved, and a chunk is never saved while a row it must carry lies in vLLM's null block (a sliding-window
 group's prefix that vLLM freed or never had, e.g. after a local prefix-cache hit) -- that chunk would come
 back with rows missing.
+
+A snapshot group (recurrent state in vLLM's align mode) is loaded into a different block than the one it was
+saved from: vLLM resumes a request with N computed tokens from the block holding the step's last token
+(index ``(tokens after the step - 1) // block tokens``), after having copied into it the state of block
+``N // block tokens - 1`` -- which, for tokens vLLM did not compute itself, is its null block. So a load writes
+the snapshot at the hit point straight into that block, after vLLM's copy and before the forward.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class RequestMeta:
     load_spec: LoadSpec | None = None
     request_configs: dict | None = None
     block_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    snapshots: tuple[int, ...] = ()
+    step_tokens: int = 0
     # Its load runs while vLLM holds the request in WAITING_FOR_REMOTE_KVS; reported per request.
     load_while_waiting: bool = False
 
@@ -65,14 +73,29 @@ class RequestMeta:
             return rows
         return rows[torch.arange(len(self.token_ids)) // tokens_per_row]
 
-    def blocks_not_held(self, vllm_cached_tokens: int) -> tuple[tuple[int, ...], ...]:
-        """Block ids for a load: blocks wholly inside vLLM's own prefix hit become 0 (never written), since
-        other requests may be reading those shared prefix-cache blocks."""
+    def blocks_not_held(self, vllm_cached_tokens: int, hit_tokens: int = 0) -> tuple[tuple[int, ...], ...]:
+        """Block ids for a load of ``hit_tokens``: blocks wholly inside vLLM's own prefix hit become 0 (never
+        written), since other requests may be reading those shared prefix-cache blocks; a snapshot group's
+        table is all 0 but for the hit point's snapshot, redirected to the block vLLM resumes from."""
         out = []
         for index, ids in enumerate(self.block_ids):
+            if index in self.snapshots:
+                out.append(self._snapshot_load_ids(index, ids, hit_tokens))
+                continue
             rows_per_block, tokens_per_row = self.block_sizes.get(index, (0, 1))
             held = vllm_cached_tokens // (rows_per_block * tokens_per_row) if rows_per_block else 0
             out.append((0,) * min(held, len(ids)) + ids[held:])
+        return tuple(out)
+
+    def _snapshot_load_ids(self, index: int, ids: tuple[int, ...], hit_tokens: int) -> tuple[int, ...]:
+        block_tokens = self.block_sizes[index][1]
+        hit_row, resume_row = hit_tokens // block_tokens - 1, (self.step_tokens - 1) // block_tokens
+        if hit_tokens % block_tokens or hit_row < 0 or resume_row >= len(ids) or hit_row >= len(ids):
+            raise ValueError(f"request {self.req_id}: group {index} has no snapshot block for a hit of {hit_tokens} "
+                             f"tokens resumed at step end {self.step_tokens} ({len(ids)} blocks of {block_tokens} "
+                             "tokens)")
+        out = [0] * len(ids)
+        out[hit_row] = ids[resume_row]
         return tuple(out)
 
     def failed_blocks(self, start: int, end: int) -> set[int]:
@@ -143,7 +166,7 @@ def build_request_meta(
     )
     if skip_save and load_spec is None:
         return None
-    whole_chunks_only = plan.multi_group or not is_last_prefill or discard_partial_chunks
+    whole_chunks_only = plan.whole_chunks_only or not is_last_prefill or discard_partial_chunks
     num_to_save = num_tokens // chunk_size * chunk_size if whole_chunks_only else num_tokens
     groups = plan.saved_groups
     block_ids = tuple(tuple(ids) for ids in tracker.block_ids)
@@ -174,4 +197,6 @@ def build_request_meta(
         load_spec=load_spec,
         request_configs=tracker.request_configs,
         block_sizes={g.index: (g.block_size, g.tokens_per_row) for g in groups},
+        snapshots=plan.snapshot_groups,
+        step_tokens=num_tokens,
     )
