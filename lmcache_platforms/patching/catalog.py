@@ -36,7 +36,8 @@ PATCHES: tuple[Patch, ...] = (
         stale_copies=("lmcache.integration.vllm.vllm_service_factory", "lmcache.v1.manager"),
         requires=("vllm",),
         why="upstream's close() closes the REP socket while its thread blocks in recv() on it: libzmq aborts "
-            "the process at shutdown when vLLM runs in one process (the usual CPU set-up)",
+            "the process at shutdown when vLLM runs in one process (the usual CPU set-up); its loop leaves a "
+            "malformed or failing request unanswered, which ends the thread",
     ),
     Patch(
         target="lmcache.v1.storage_backend.job_executor.pq_executor:AsyncPQExecutor.shutdown",
