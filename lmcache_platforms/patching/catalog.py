@@ -47,6 +47,31 @@ PATCHES: tuple[Patch, ...] = (
             "that loop, so destroying an engine with a remote_url hangs for ever",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.close",
+        replacement="lmcache_platforms.connector.remote_close:wrap_remote_close",
+        versions=LMCACHE,
+        wrapper=True,
+        why="a connector's close drains its job queue after LMCache's executor cancelled the workers, so with a "
+            "job waiting on a store that does not answer, the engine's shutdown never ends "
+            "(platforms.remote_close_timeout_s)",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.contains",
+        replacement="lmcache_platforms.connector.remote_lookup:wrap_remote_contains",
+        versions=LMCACHE,
+        wrapper=True,
+        why="upstream waits for the remote store's answer without a limit; the scheduler's lookup client gives up "
+            "after 3 s, so a stuck store stalled the whole engine 3 s per new request (platforms.remote_lookup_"
+            "timeout_s, platforms.remote_retry_s)",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.batched_contains",
+        replacement="lmcache_platforms.connector.remote_lookup:wrap_remote_batched_contains",
+        versions=LMCACHE,
+        wrapper=True,
+        why="the batched form of the same unbounded wait (connectors with a batched exists, e.g. RESP)",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,
