@@ -92,6 +92,7 @@ def _random_tokens(rng: random.Random, count: int) -> list[int]:
 
 
 def documents_of(options: SoakOptions) -> list[list[int]]:
+    """The shared documents: whole chunks plus a fixed 16-token question (less than a chunk: never stored)."""
     rng = random.Random(f"soak-documents:{options.seed}")
     length = options.document_chunks * options.chunk_size
     return [_random_tokens(rng, length + 16) for _ in range(options.documents)]
@@ -308,9 +309,11 @@ def pick_sample(outcomes: list[Outcome], size: int) -> list[Outcome]:
     picked: list[Outcome] = []
     for kind in KINDS:
         done = [o for o in outcomes if o.result is not None and o.request.kind == kind]
-        hits = [o for o in done if o.result and o.result["cached_tokens"]] or done
-        step = max(1, len(hits) // max(1, size // len(KINDS)))
-        picked += hits[::step][: size // len(KINDS)]
+        hits = [o for o in done if o.result and o.result["cached_tokens"]]
+        per_kind = size // len(KINDS)
+        step = max(1, len(hits) // max(1, per_kind))
+        chosen = hits[::step][:per_kind]
+        picked += chosen + [o for o in done if o not in chosen][: per_kind - len(chosen)]
     return picked
 
 
