@@ -45,6 +45,14 @@ SETTINGS: tuple[Setting, ...] = (
             "sync: the engine step waits for a hit's load; async: the step goes on while the request waits"),
     Setting("platforms.load_timeout_s", "LMCACHE_PLATFORMS_LOAD_TIMEOUT_S", 10.0,
             "a load still running after this many seconds is reported failed (0: never)"),
+    Setting("platforms.remote_lookup_timeout_s", "LMCACHE_PLATFORMS_REMOTE_LOOKUP_TIMEOUT_S", 1.0,
+            "a remote store's answer to a lookup is waited for this long, then counts as a miss (0: for ever)"),
+    Setting("platforms.remote_retry_s", "LMCACHE_PLATFORMS_REMOTE_RETRY_S", 30.0,
+            "after a remote lookup timed out, lookups skip the remote store (misses) for this long"),
+    Setting("platforms.drain_timeout_s", "LMCACHE_PLATFORMS_DRAIN_TIMEOUT_S", 30.0,
+            "at shutdown, chunk writes still in flight to disk or remote stores are waited for this long"),
+    Setting("platforms.remote_close_timeout_s", "LMCACHE_PLATFORMS_REMOTE_CLOSE_TIMEOUT_S", 5.0,
+            "at shutdown, closing the remote store's connection is waited for this long (0: for ever)"),
 )
 
 
@@ -80,6 +88,10 @@ class PlatformSettings:
     skip_groups: tuple[str, ...] = ()
     load_mode: str = "sync"
     load_timeout_s: float = 10.0
+    remote_lookup_timeout_s: float = 1.0
+    remote_retry_s: float = 30.0
+    drain_timeout_s: float = 30.0
+    remote_close_timeout_s: float = 5.0
 
     @classmethod
     def load(

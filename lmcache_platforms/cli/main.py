@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "bench": "transfer speed of a layout against memcpy",
     "selftest": "store and reload a layout through a real LMCacheEngine, bit for bit",
     "demo": "vLLM serving a hybrid model with LMCache prefix reuse, cold vs warm",
+    "soak": "concurrent clients against vllm serve with constant eviction: failures, pins, RSS, same answers",
 }
 
 

@@ -36,7 +36,8 @@ PATCHES: tuple[Patch, ...] = (
         stale_copies=("lmcache.integration.vllm.vllm_service_factory", "lmcache.v1.manager"),
         requires=("vllm",),
         why="upstream's close() closes the REP socket while its thread blocks in recv() on it: libzmq aborts "
-            "the process at shutdown when vLLM runs in one process (the usual CPU set-up)",
+            "the process at shutdown when vLLM runs in one process (the usual CPU set-up); its loop leaves a "
+            "malformed or failing request unanswered, which ends the thread",
     ),
     Patch(
         target="lmcache.v1.storage_backend.job_executor.pq_executor:AsyncPQExecutor.shutdown",
@@ -44,6 +45,31 @@ PATCHES: tuple[Patch, ...] = (
         versions=LMCACHE,
         why="remote backends (Redis, S3, ...) await shutdown() from their executor's own loop while it blocks on "
             "that loop, so destroying an engine with a remote_url hangs for ever",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.close",
+        replacement="lmcache_platforms.connector.remote_close:wrap_remote_close",
+        versions=LMCACHE,
+        wrapper=True,
+        why="a connector's close drains its job queue after LMCache's executor cancelled the workers, so with a "
+            "job waiting on a store that does not answer, the engine's shutdown never ends "
+            "(platforms.remote_close_timeout_s)",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.contains",
+        replacement="lmcache_platforms.connector.remote_lookup:wrap_remote_contains",
+        versions=LMCACHE,
+        wrapper=True,
+        why="upstream waits for the remote store's answer without a limit; the scheduler's lookup client gives up "
+            "after 3 s, so a stuck store stalled the whole engine 3 s per new request (platforms.remote_lookup_"
+            "timeout_s, platforms.remote_retry_s)",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.batched_contains",
+        replacement="lmcache_platforms.connector.remote_lookup:wrap_remote_batched_contains",
+        versions=LMCACHE,
+        wrapper=True,
+        why="the batched form of the same unbounded wait (connectors with a batched exists, e.g. RESP)",
     ),
     Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",

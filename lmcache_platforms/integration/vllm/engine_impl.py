@@ -428,7 +428,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         right after a request keeps that request's chunks for the next one; then upstream's shutdown."""
         self.loads.shutdown()
         if self.lmcache_engine is not None:
-            drain_writes(self.lmcache_engine)
+            drain_writes(self.lmcache_engine, timeout_s=self.settings.drain_timeout_s)
         super().shutdown()
 
     # ------------------------------------------------------------------ scheduler side

@@ -3,8 +3,8 @@
 LMCache 0.5.6 writes to its remote and disk backends asynchronously (each backend keeps the keys being written
 in ``put_tasks``) and its close does not wait for them, so a server stopped right after its last request lost
 that request's last chunks: the next server missed them. Waiting is bounded: a stuck backend delays shutdown by
-at most the time-out, then what is left is logged (a miss later, never a corrupt load: the chunk was not
-written).
+at most the time-out (``platforms.drain_timeout_s``), then what is left is logged (a miss later, never a corrupt
+load: the chunk was not written).
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ from typing import Any
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
-
-DRAIN_TIMEOUT_S = 60.0
-
 
 def _in_flight(backend: Any) -> Any:
     """The collection of keys a backend is writing: the remote backend's ``put_tasks`` (a set), the local disk
@@ -41,7 +38,7 @@ def pending_writes(engine: Any) -> int:
     return sum(len(tasks) for tasks in _collections(engine))
 
 
-def drain_writes(engine: Any, timeout_s: float = DRAIN_TIMEOUT_S, poll_s: float = 0.02) -> int:
+def drain_writes(engine: Any, timeout_s: float, poll_s: float = 0.02) -> int:
     """Wait until ``engine`` has no write in flight, at most ``timeout_s``; returns how many were pending at the
     start. Logs (never raises) when some are still pending at the time-out."""
     pending = pending_writes(engine)

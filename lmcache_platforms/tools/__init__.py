@@ -1,0 +1,1 @@
+"""Operational tools run from the command line (never imported by the connector): soak runs."""
