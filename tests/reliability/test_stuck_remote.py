@@ -90,7 +90,7 @@ def _a_load_from_the_stuck_store_is_reported_failed_at_the_load_timeout(engine: 
         write_tried.set()
         return got is not None
 
-    loads = AsyncLoads(threaded=True, timeout_s=0.3)
+    loads = AsyncLoads(timeout_s=0.3)
     started = time.monotonic()
     loads.submit("req-stuck", load)
     results = loads.poll()
