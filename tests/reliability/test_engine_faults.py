@@ -274,3 +274,34 @@ def test_an_fs_file_cut_short_fails_that_load(fs_run, reference):
     assert short_load(cut["log"]) == (0, 256, 0)
     assert any("Partial read" in line for line in cut["log"]), cut["log"]
     assert_stored_anew(cut, 256)
+
+
+# ---------------------------------------------------------------- policy fail, in-process
+
+
+@pytest.fixture(scope="module")
+def fail_run(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The local disk store with vLLM's ``fail`` policy; the victim and a bystander are batched together."""
+    workdir = tmp_path_factory.mktemp("fail")
+    store = workdir / "store"
+    store.mkdir()
+    connector = {**BASE, "lmcache.local_cpu": False, "lmcache.local_disk": f"file://{store}/",
+                 "lmcache.max_local_disk_size": 1}
+    scenarios = [{"name": "victim", "fault": "file_delete", "chunk": 1, "others": ["bystander"], "again": 1}]
+    return run_engine({"model": str(model), "connector": connector, "policy": "fail",
+                       "store": {"kind": "disk", "dir": str(store)}, "scenarios": scenarios}, workdir)["scenarios"]
+
+
+def test_policy_fail_ends_only_the_request_whose_load_failed(fail_run, reference):
+    """``LLM.generate`` returns the victim with finish reason ``error`` and no tokens; the bystander, loaded in
+    the same batch, has its no-connector tokens. Sent again, the victim loads the chunk left (chunk 0)."""
+    victim = fail_run["victim"]
+    assert answers(victim, "cold") == {"victim": reference["victim"], "bystander": reference["bystander"]}
+    failed, bystander = victim["warm"]
+    assert (failed["name"], failed["finish_reason"], failed["tokens"]) == ("victim", "error", [])
+    assert (bystander["finish_reason"], bystander["tokens"]) == ("length", reference["bystander"])
+    assert bystander["num_cached_tokens"] == 256
+    assert short_load(victim["log"]) == (64, 256, 64)
+    assert (victim["lmcache_hit_tokens"], victim["chunks_loaded"]) == (512, 5)  # 4 of the bystander's, 1 victim's
+    (again,) = victim["again"]
+    assert (again["tokens"], again["lmcache_hit_tokens"], again["chunks_loaded"]) == (reference["victim"], 64, 1)
