@@ -61,6 +61,14 @@ PATCHES: tuple[Patch, ...] = (
             "miss that frees its buffer, as upstream's batched read already does",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.connector.redis_connector:RedisConnector._get",
+        replacement="lmcache_platforms.connector.redis_reads:redis_get",
+        versions=LMCACHE,
+        requires=("redis",),
+        why="a Redis value of the wrong length (truncated, overwritten) made upstream's copy raise after it had "
+            "allocated the chunk's buffer, which stayed taken until the garbage collector found it",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,

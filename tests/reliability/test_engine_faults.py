@@ -164,7 +164,8 @@ def test_a_truncated_redis_value_fails_that_load_from_its_chunk(redis_run, refer
     assert_served_as_without_connector(trunc, reference)
     assert short_load(trunc["log"]) == (128, 256, 128)
     assert trunc["chunks_loaded"] == 2
-    assert any("Error occurred in get_blocking" in line for line in trunc["log"]), trunc["log"]
+    # The catalog's redis_reads fix refuses the value before allocating (upstream raised after, keeping the buffer).
+    assert any("holds 65536 bytes, its metadata says 131072: not loaded" in line for line in trunc["log"]), trunc["log"]
     assert_stored_anew(trunc, 256)
 
 
