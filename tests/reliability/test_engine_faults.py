@@ -133,7 +133,7 @@ def redis_run(model: Path, redis_binary: str, tmp_path_factory: pytest.TempPathF
     workdir = tmp_path_factory.mktemp("redis")
     connector = {**BASE, "lmcache.local_cpu": False, "lmcache.remote_serde": "naive"}
     scenarios = [
-        {"name": "shape", "fault": "redis_shape", "chunk": 1, "again": 1},  # first: it checks for leaked refs
+        {"name": "shape", "fault": "redis_shape", "chunk": 1, "again": 1},  # first: no earlier leak in its log
         {"name": "trunc", "fault": "redis_kv_bytes_truncate", "chunk": 2, "again": 1},
         {"name": "meta", "fault": "redis_metadata_garbage", "chunk": 1},
         {"name": "stop", "fault": "redis_stop", "again": 2},
@@ -154,7 +154,8 @@ def test_a_redis_object_of_the_wrong_size_is_refused_and_its_references_released
     match = WRITE_FAILED.search(line)
     assert match is not None and match[1] == "256" and "holds 65536 bytes" in match[2], line
     assert shape["chunks_loaded"] == 0
-    assert not any("garbage collected with ref_count" in line for line in shape["log"]), shape["log"]
+    # Upstream's retrieve raised before releasing them (LMCache logs a buffer the collector frees with refs left).
+    assert not [line for line in shape["log"] if "garbage collected with ref_count" in line], shape["log"]
     assert_stored_anew(shape, 256)
 
 
