@@ -76,14 +76,17 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         binding = self._bound()
         assert self.fmt is not None
         block_ids = block_ids_from(kwargs, binding.layout)
-        hosts = [memory_obj_bytes(m, self.fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
         fmt = self.fmt
 
         def write() -> None:
+            # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
+            # chunk of another layout) is then one failed load, and LMCache's retrieve still releases its
+            # references to every chunk instead of leaking them when this raised out of it.
+            hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
             with binding.streams.loading():
                 for host, start, end in zip(hosts, starts, ends, strict=True):
                     binding.load(fmt, host, block_ids, start, end)
             binding.streams.finish_load()
+            binding.counters.chunks_loaded += len(hosts)
 
         run_guarded(kwargs, write)
-        binding.counters.chunks_loaded += len(hosts)

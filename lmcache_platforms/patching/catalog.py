@@ -72,6 +72,29 @@ PATCHES: tuple[Patch, ...] = (
         why="the batched form of the same unbounded wait (connectors with a batched exists, e.g. RESP)",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.local_disk_backend:LocalDiskBackend.read_file",
+        replacement="lmcache_platforms.connector.disk_reads:checked_read_file",
+        versions=LMCACHE,
+        wrapper=True,
+        why="upstream never checks how many bytes a chunk's file gave: a file cut short (or, on the single-chunk "
+            "path, a missing one) is loaded as a hit whose tail is the buffer's stale bytes; it now raises",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.local_disk_backend:LocalDiskBackend.load_bytes_from_disk",
+        replacement="lmcache_platforms.connector.disk_reads:load_bytes_from_disk",
+        versions=LMCACHE,
+        why="the single-chunk disk read (get_blocking) must turn a chunk file that cannot be its bytes into a "
+            "miss that frees its buffer, as upstream's batched read already does",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.redis_connector:RedisConnector._get",
+        replacement="lmcache_platforms.connector.redis_reads:redis_get",
+        versions=LMCACHE,
+        requires=("redis",),
+        why="a Redis value of the wrong length (truncated, overwritten) made upstream's copy raise after it had "
+            "allocated the chunk's buffer, which stayed taken until the garbage collector found it",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,

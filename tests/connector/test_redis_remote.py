@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from lmcache_platforms.connector import roundtrip
@@ -47,3 +49,34 @@ def test_chunks_of_another_layout_are_never_found(redis_url: str) -> None:
         assert reader.lookup(request.tokens) == 0
     with LayoutEngine(materialize(spec, "bundled", seed=2), storage) as reader:
         assert reader.lookup(request.tokens) == request.stored_tokens
+
+
+def _taken_buffers() -> int:
+    """LMCache MemoryObjs alive and still referenced (a reader without a CPU cache keeps none after a load)."""
+    from lmcache.v1.memory_management import MemoryObj
+
+    return sum(1 for obj in gc.get_objects()
+               if isinstance(obj, MemoryObj) and obj.is_valid() and obj.meta.ref_count > 0)
+
+
+def test_a_truncated_redis_value_is_a_miss_that_keeps_no_buffer(redis_url: str) -> None:
+    """LMCache 0.5.6 allocated the chunk's buffer, then failed copying a value of the wrong length into it and
+    never released it (the garbage collector did, much later, logging the leak). With the catalog's
+    ``redis_reads`` fix: a miss, and no buffer left taken."""
+    import redis
+
+    spec = load_layout_spec("gemma3")
+    layout = materialize(spec, "bundled", seed=3)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
+    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, layout.chunk_size),
+                             remote_url=redis_url)
+    with LayoutEngine(layout, storage) as writer:
+        writer.store(request.tokens, request.store_ids)
+        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
+            request.stored_tokens
+    client = redis.Redis.from_url(redis_url)
+    (name,) = client.keys("*kv_bytes")
+    client.set(name, client.get(name)[:100])
+    with LayoutEngine(layout, storage) as reader:
+        assert reader.retrieve(request.tokens, request.load_ids) == 0
+        assert _taken_buffers() == 0

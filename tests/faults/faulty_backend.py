@@ -8,6 +8,8 @@ TEST FAULT ONLY. It runs the torch reference transfer and then damages the data 
 ``shift``  load: every row lands one slot off, at ``slot + 1`` (``slot - 1`` for a plane's very last slot)
 ``zero``   load: in every plane, the rows of the first block the launch loads into are zeroed, not loaded
 ``swap``   store: the launch's first plane gets its first two real rows swapped in the chunk buffer
+``raise``  load: the first load launch of the process raises TransferError before writing anything (a one-off
+           kernel error on one chunk); every later transfer is the torch backend's
 
 Unset or any other value makes the backend unavailable (selecting it then fails, naming the variable),
 so a forgotten variable never passes as a clean run. It declares no ``device_types``: ``auto`` never
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmcache_platforms.kernels.contract import Direction
+from lmcache_platforms.kernels.contract import Direction, TransferError
 from lmcache_platforms.kernels.torch_backend import TorchBackend, byte_view
 from lmcache_platforms.layout.plane import Plane
 
@@ -35,6 +37,7 @@ FAULTS: dict[str, str] = {
     "shift": "load: rows land at slot + 1",
     "zero": "load: the first block's rows zeroed",
     "swap": "store: the first two rows of the chunk buffer swapped",
+    "raise": "load: the first load launch raises",
 }
 
 
@@ -53,6 +56,7 @@ class FaultyBackend(TorchBackend):
     """The torch transfer followed by the damage ``LMCACHE_PLATFORMS_FAULT`` names."""
 
     name = "faulty"
+    raised = False  # the ``raise`` fault fires once per process
 
     def availability(self) -> tuple[bool, str]:
         fault = current_fault()
@@ -66,6 +70,9 @@ class FaultyBackend(TorchBackend):
         fault = current_fault()
         if fault is None:
             raise ValueError(f"{FAULT_ENV}={os.environ.get(FAULT_ENV)!r} names no fault; one of {', '.join(FAULTS)}")
+        if fault == "raise" and direction is Direction.LOAD and not FaultyBackend.raised:
+            FaultyBackend.raised = True
+            raise TransferError("TEST FAULT raise: a kernel error on this chunk's load")
         if fault == "shift" and direction is Direction.LOAD:
             super().transfer(planes, self._shifted(planes, slots), buffer, direction)
             return

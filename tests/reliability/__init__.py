@@ -1,0 +1,1 @@
+"""Fault injection with real components: a real vLLM engine or server, real LMCache backends, real Redis."""
