@@ -48,7 +48,7 @@ def test_chunk_files_cut_short_or_deleted_are_never_loaded(tmp_path: Path, chunk
     with LayoutEngine(layout, storage) as engine:
         engine.store(request.tokens, request.store_ids)
         assert engine.wait_stored(request.tokens, request.stored_tokens) == request.stored_tokens
-        drain_writes(engine.engine)  # a file is indexed before its write ends
+        drain_writes(engine.engine, timeout_s=30)  # a file is indexed before its write ends
         files = sorted(tmp_path.rglob("*lmcp_layout*"))
         assert len(files) == chunks
         for path in files:

@@ -195,7 +195,7 @@ class Run:
         """The cold pass's writes have landed in the store (LMCache writes to disk and remotes asynchronously)."""
         from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 
-        drain_writes(self.impl.lmcache_engine)
+        drain_writes(self.impl.lmcache_engine, timeout_s=30)
 
     # ---------------------------------------------------------------- faults
 
