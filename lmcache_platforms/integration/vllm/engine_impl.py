@@ -236,8 +236,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def _skip_load(self, engine: Any, request: RequestMeta) -> None:
         """A load while the KV caches are unregistered (vLLM stepped before restore_kv_caches): nothing is
-        copied into memory that may be unmapped, and the tokens count as not loaded, so vLLM recomputes them
-        rather than decode from rows that never arrived (with several groups it cannot: stop)."""
+        copied into memory that may be unmapped, and the load is reported failed (per request, or per block for
+        a single-group model's same-step load), so vLLM recomputes rather than decode from rows never loaded."""
         spec = request.load_spec
         assert spec is not None
         if not self.async_loading:
