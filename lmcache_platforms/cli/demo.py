@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from lmcache_platforms.cli.workdir import run_in_workdir
 
 if TYPE_CHECKING:
     from lmcache_platforms.demo.scenario import DemoOptions
@@ -67,24 +67,17 @@ def run(args: argparse.Namespace) -> int:
         if not cores or not set(cores) <= usable:
             return _fail(f"--cores {args.cores} is not within the usable CPUs {sorted(usable)}")
         resources = Resources(cores)
-    temporary = args.workdir is None
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lmcache_platforms_demo_"))
 
     def progress(message: str) -> None:
         print(f"[demo] {message}", file=sys.stderr, flush=True)
 
-    progress(f"logs and LMCache store in {workdir}")
-    options = DemoOptions(size=args.size, compare=args.compare, chunk_size=args.chunk_size, workdir=workdir,
-                          cache_dir=args.model_cache, resources=resources, pass_timeout_s=args.pass_timeout)
-    found = ["not finished"]
-    try:
-        found = _run_and_report(options, progress, args.json)
-    finally:
-        if temporary and not found and not args.keep_workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-        elif temporary:
-            progress(f"logs kept in {workdir}")
-    return 1 if found else 0
+    def body(workdir: Path) -> list[str]:
+        progress(f"logs and LMCache store in {workdir}")
+        options = DemoOptions(size=args.size, compare=args.compare, chunk_size=args.chunk_size, workdir=workdir,
+                              cache_dir=args.model_cache, resources=resources, pass_timeout_s=args.pass_timeout)
+        return _run_and_report(options, progress, args.json)
+
+    return run_in_workdir(args.workdir, args.keep_workdir, "lmcache_platforms_demo_", progress, body)
 
 
 def _run_and_report(options: DemoOptions, progress: Callable[[str], None], as_json: bool) -> list[str]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from lmcache_platforms.cli.workdir import run_in_workdir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,30 +55,25 @@ def run(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.clients < 1 or args.requests < 1:
         print("lmcache-platforms soak: --duration, --clients and --requests must be positive", file=sys.stderr)
         return 2
-    temporary = args.workdir is None
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lmcache_platforms_soak_"))
 
     def progress(message: str) -> None:
         print(f"[soak] {message}", file=sys.stderr, flush=True)
 
-    options = SoakOptions(duration_s=args.duration, clients=args.clients, max_requests=args.requests,
-                          cpu_budget_gb=args.cpu_budget_gb, sample=args.sample, workdir=workdir,
-                          cache_dir=args.model_cache)
-    progress(f"logs in {workdir}")
-    found = ["not finished"]
-    try:
-        report = run_soak(options, progress)
-        found = report["problems"]
+    def body(workdir: Path) -> list[str]:
+        options = SoakOptions(duration_s=args.duration, clients=args.clients, max_requests=args.requests,
+                              cpu_budget_gb=args.cpu_budget_gb, sample=args.sample, workdir=workdir,
+                              cache_dir=args.model_cache)
+        progress(f"logs in {workdir}")
+        try:
+            report = run_soak(options, progress)
+        except PassFailed as exc:
+            print(f"lmcache-platforms soak: {exc}", file=sys.stderr)
+            return [str(exc)]
         print(render(report))
-        for problem in found:
+        for problem in report["problems"]:
             print(f"lmcache-platforms soak: {problem}", file=sys.stderr)
         if args.json:
             print(json.dumps(report))
-    except PassFailed as exc:
-        print(f"lmcache-platforms soak: {exc}", file=sys.stderr)
-    finally:
-        if temporary and not found and not args.keep_workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-        elif temporary:
-            progress(f"logs kept in {workdir}")
-    return 1 if found else 0
+        return report["problems"]
+
+    return run_in_workdir(args.workdir, args.keep_workdir, "lmcache_platforms_soak_", progress, body)

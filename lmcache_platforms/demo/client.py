@@ -48,8 +48,23 @@ class Sampling:
     top_logprobs: int = 5
 
 
-def _served_model(client: Any) -> str:
+def served_model(client: Any) -> str:
+    """The one model the server serves."""
     return client.models.list().data[0].id
+
+
+def choice_tokens(choice: Any) -> tuple[list[int], list[list[list[float]]]] | None:
+    """A streamed choice's token ids and, per token, its top-k (token id, raw logit) pairs ranked high to low
+    (ties by id); None when the choice carries no token."""
+    logprobs = choice.logprobs
+    if logprobs is None or not logprobs.tokens:
+        return None
+    tokens = [token_id(piece) for piece in logprobs.tokens]
+    top_logits = []
+    for step in logprobs.top_logprobs or []:
+        ranked = sorted(((token_id(p), float(v)) for p, v in step.items()), key=lambda tv: (-tv[1], tv[0]))
+        top_logits.append([[t, v] for t, v in ranked])
+    return tokens, top_logits
 
 
 def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_tokens: int, sampling: Sampling,
@@ -70,15 +85,13 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
-            logprobs = choice.logprobs
-            if logprobs is None or not logprobs.tokens:
+            got = choice_tokens(choice)
+            if got is None:
                 continue
             if first_token_s is None:
                 first_token_s = time.perf_counter() - started
-            tokens += [token_id(piece) for piece in logprobs.tokens]
-            for step in logprobs.top_logprobs or []:
-                ranked = sorted(((token_id(p), float(v)) for p, v in step.items()), key=lambda tv: (-tv[1], tv[0]))
-                top_logits.append([[t, v] for t, v in ranked])
+            tokens += got[0]
+            top_logits += got[1]
     latency = time.perf_counter() - started
     after = hit_counters(base_url)
     if usage is not None and usage.prompt_tokens != prompt_tokens:
@@ -101,6 +114,6 @@ def run_requests(base_url: str, requests: list[tuple[str, str, int]], sampling: 
     from openai import OpenAI
 
     with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600.0) as client:
-        model = _served_model(client)
+        model = served_model(client)
         return [stream_completion(client, model, name, prompt, count, sampling, base_url)
                 for name, prompt, count in requests]

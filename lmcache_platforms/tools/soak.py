@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.demo.client import token_id
+from lmcache_platforms.demo.client import choice_tokens, served_model
 from lmcache_platforms.demo.identity import compare
 from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
 from lmcache_platforms.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS
@@ -225,15 +225,13 @@ def stream_one(client: Any, model: str, tokens: list[int], max_tokens: int) -> d
             details = chunk.usage.prompt_tokens_details
             out["cached_tokens"] = details.cached_tokens if details is not None else None
         for choice in chunk.choices:
-            logprobs = choice.logprobs
-            if logprobs is None or not logprobs.tokens:
+            got = choice_tokens(choice)
+            if got is None:
                 continue
             if ttft is None:
                 ttft = time.perf_counter() - started
-            out["tokens"] += [token_id(piece) for piece in logprobs.tokens]
-            for step in logprobs.top_logprobs or []:
-                ranked = sorted(((token_id(p), float(v)) for p, v in step.items()), key=lambda tv: (-tv[1], tv[0]))
-                out["top_logits"].append([[t, v] for t, v in ranked])
+            out["tokens"] += got[0]
+            out["top_logits"] += got[1]
     if len(out["tokens"]) != max_tokens:
         raise AssertionError(f"stream ended after {len(out['tokens'])} of {max_tokens} tokens")
     out.update(ttft_s=ttft, latency_s=time.perf_counter() - started)
@@ -245,7 +243,7 @@ def openai_client(base_url: str, timeout_s: float) -> Iterator[tuple[Any, str]]:
     from openai import OpenAI
 
     with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=timeout_s) as client:
-        yield client, client.models.list().data[0].id
+        yield client, served_model(client)
 
 
 @contextlib.contextmanager
