@@ -95,6 +95,139 @@ static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t byt
 }
 
 /*
+ * K stored transposed (vLLM's CPU `vec` cache): a row's segments are single elements a whole block of rows
+ * apart, and inside each segment the rows of a block sit side by side. Row by row, every element is its own
+ * strided access (~1 GB/s where a plain copy does ~10); so a run of consecutive rows of one block is moved in
+ * tiles of LMCP_TILE rows x LMCP_TILE segments, each read as LMCP_TILE contiguous pieces on one side and
+ * written as LMCP_TILE contiguous pieces on the other. Rows and segments left over go element by element.
+ */
+#define LMCP_TILE 8
+
+static inline int rows_interleaved(const lmcp_plane *p) {
+    return p->segments >= LMCP_TILE && p->row_stride == p->segment_bytes &&
+           (p->segment_bytes == 2 || p->segment_bytes == 4);
+}
+
+/* The segments after the last whole tile, for rows [r0, r0 + LMCP_TILE) of a run: element by element. */
+static void move_tail_segments(const lmcp_plane *p, uint8_t *plane_run, uint8_t *buf_run, int64_t r0, int64_t from,
+                               int64_t item, int direction) {
+    for (int64_t r = r0; r < r0 + LMCP_TILE; ++r) {
+        for (int64_t s = from; s < p->segments; ++s) {
+            uint8_t *in_plane = plane_run + s * p->segment_stride + r * item, *in_buf = buf_run + r * p->row_bytes + s * item;
+            if (direction == LMCP_STORE) {
+                memcpy(in_buf, in_plane, (size_t)item);
+            } else {
+                memcpy(in_plane, in_buf, (size_t)item);
+            }
+        }
+    }
+}
+
+#define LMCP_TILES(NAME, T)                                                                                    \
+    static void NAME(const lmcp_plane *p, uint8_t *plane_run, uint8_t *buf_run, int64_t rows, int direction) { \
+        const int64_t ss = p->segment_stride, rb = p->row_bytes, whole = p->segments / LMCP_TILE * LMCP_TILE; \
+        for (int64_t r0 = 0; r0 < rows; r0 += LMCP_TILE) {                                                    \
+            for (int64_t s0 = 0; s0 < whole; s0 += LMCP_TILE) {                                               \
+                T tile[LMCP_TILE][LMCP_TILE];                                                                 \
+                if (direction == LMCP_STORE) {                                                                \
+                    for (int s = 0; s < LMCP_TILE; ++s)                                                       \
+                        memcpy(tile[s], plane_run + (s0 + s) * ss + r0 * sizeof(T), sizeof tile[s]);          \
+                    for (int r = 0; r < LMCP_TILE; ++r) {                                                     \
+                        T row[LMCP_TILE];                                                                     \
+                        for (int s = 0; s < LMCP_TILE; ++s) row[s] = tile[s][r];                              \
+                        memcpy(buf_run + (r0 + r) * rb + s0 * sizeof(T), row, sizeof row);                    \
+                    }                                                                                         \
+                } else {                                                                                      \
+                    for (int r = 0; r < LMCP_TILE; ++r)                                                       \
+                        memcpy(tile[r], buf_run + (r0 + r) * rb + s0 * sizeof(T), sizeof tile[r]);           \
+                    for (int s = 0; s < LMCP_TILE; ++s) {                                                     \
+                        T piece[LMCP_TILE];                                                                   \
+                        for (int r = 0; r < LMCP_TILE; ++r) piece[r] = tile[r][s];                            \
+                        memcpy(plane_run + (s0 + s) * ss + r0 * sizeof(T), piece, sizeof piece);              \
+                    }                                                                                         \
+                }                                                                                             \
+            }                                                                                                 \
+            move_tail_segments(p, plane_run, buf_run, r0, whole, sizeof(T), direction);                       \
+        }                                                                                                     \
+    }
+LMCP_TILES(move_tiles_4, uint32_t)
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* The 8 x 8 transpose of 2-byte elements in registers: three rounds of interleaving 2-, 4- and 8-byte pairs. */
+static inline void transpose_8x8_16(__m128i v[8]) {
+    __m128i a[8], b[8];
+    for (int i = 0; i < 4; ++i) {
+        a[2 * i] = _mm_unpacklo_epi16(v[2 * i], v[2 * i + 1]);
+        a[2 * i + 1] = _mm_unpackhi_epi16(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        b[4 * i] = _mm_unpacklo_epi32(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm_unpackhi_epi32(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm_unpacklo_epi32(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm_unpackhi_epi32(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = _mm_unpacklo_epi64(b[i], b[i + 4]);
+        v[2 * i + 1] = _mm_unpackhi_epi64(b[i], b[i + 4]);
+    }
+}
+
+/* move_tiles for 2-byte elements with the tile transposed in SSE2 registers (every x86-64 CPU has them). */
+static void move_tiles_2(const lmcp_plane *p, uint8_t *plane_run, uint8_t *buf_run, int64_t rows, int direction) {
+    const int64_t ss = p->segment_stride, rb = p->row_bytes, whole = p->segments / LMCP_TILE * LMCP_TILE;
+    for (int64_t r0 = 0; r0 < rows; r0 += LMCP_TILE) {
+        for (int64_t s0 = 0; s0 < whole; s0 += LMCP_TILE) {
+            __m128i v[LMCP_TILE];
+            if (direction == LMCP_STORE) {
+                for (int s = 0; s < LMCP_TILE; ++s)
+                    v[s] = _mm_loadu_si128((const __m128i *)(plane_run + (s0 + s) * ss + r0 * 2));
+                transpose_8x8_16(v);
+                for (int r = 0; r < LMCP_TILE; ++r) _mm_storeu_si128((__m128i *)(buf_run + (r0 + r) * rb + s0 * 2), v[r]);
+            } else {
+                for (int r = 0; r < LMCP_TILE; ++r)
+                    v[r] = _mm_loadu_si128((const __m128i *)(buf_run + (r0 + r) * rb + s0 * 2));
+                transpose_8x8_16(v);
+                for (int s = 0; s < LMCP_TILE; ++s) _mm_storeu_si128((__m128i *)(plane_run + (s0 + s) * ss + r0 * 2), v[s]);
+            }
+        }
+        move_tail_segments(p, plane_run, buf_run, r0, whole, 2, direction);
+    }
+}
+#else
+LMCP_TILES(move_tiles_2, uint16_t)
+#endif
+
+/* Rows [first, last) of an interleaved plane: whole tiles of each run of one block's consecutive rows. */
+static void move_interleaved(const lmcp_plane *p, const int64_t *slots, int64_t first, int64_t last,
+                             uint8_t *plane_rows, int direction) {
+    int64_t r = first;
+    while (r < last) {
+        const int64_t slot = slots[r];
+        if (slot < 0) {
+            ++r;
+            continue;
+        }
+        const int64_t row = slot % p->rows_per_block;
+        int64_t end = r + 1;
+        while (end < last && slots[end] == slots[end - 1] + 1 && (row + end - r) < p->rows_per_block) ++end;
+        const int64_t tiled = (end - r) / LMCP_TILE * LMCP_TILE;
+        if (tiled) {
+            uint8_t *run = row_address(p, slot);
+            if (p->segment_bytes == 2) {
+                move_tiles_2(p, run, plane_rows + r * p->row_bytes, tiled, direction);
+            } else {
+                move_tiles_4(p, run, plane_rows + r * p->row_bytes, tiled, direction);
+            }
+        }
+        for (int64_t t = r + tiled; t < end; ++t)
+            copy_segments(p, row_address(p, slots[t]), plane_rows + t * p->row_bytes, direction);
+        r = end;
+    }
+}
+
+/*
  * Moves rows [first, last) of one plane, one memcpy per run of adjacent rows (a run is cut at `last`, so a
  * long run is shared by the threads whose ranges it crosses). Within a run the next address is stepped,
  * not divided out, so a run costs one division.
@@ -102,6 +235,10 @@ static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t byt
 static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
                       uint8_t *buffer, int direction) {
     uint8_t *plane_rows = buffer + p->buffer_prefix * num_rows;
+    if (rows_interleaved(p)) {
+        move_interleaved(p, slots, first, last, plane_rows, direction);
+        return;
+    }
     if (!payload_is_dense(p)) {
         for (int64_t r = first; r < last; ++r) {
             if (slots[r] >= 0) copy_segments(p, row_address(p, slots[r]), plane_rows + r * p->row_bytes, direction);

@@ -41,6 +41,46 @@ def geometries(draw, max_blocks: int = 5) -> PlaneGeometry:
 
 
 @st.composite
+def interleaved_geometries(draw, max_blocks: int = 4) -> PlaneGeometry:
+    """K stored transposed (vLLM's CPU ``vec`` cache): one element per segment, a block's rows side by side
+    inside each segment; enough segments and rows for whole 8 x 8 tiles and leftovers of both."""
+    rows_per_block = draw(st.integers(1, 24))
+    segment_bytes = draw(st.sampled_from([2, 4]))
+    segments = draw(st.integers(8, 20))
+    segment_stride = rows_per_block * segment_bytes + draw(st.sampled_from([0, 0, 2, 6]))
+    row_extent = (segments - 1) * segment_stride + segment_bytes
+    return PlaneGeometry(
+        num_blocks=draw(st.integers(1, max_blocks)),
+        block_stride=(rows_per_block - 1) * segment_bytes + row_extent + draw(st.sampled_from([0, 0, 4])),
+        rows_per_block=rows_per_block,
+        row_stride=segment_bytes,
+        segments=segments,
+        segment_bytes=segment_bytes,
+        segment_stride=segment_stride,
+    )
+
+
+@st.composite
+def interleaved_cases(draw) -> tuple[list[Plane], torch.Tensor]:
+    """One or two transposed-K planes and slots as a chunk of whole blocks gives them: each block's rows from
+    some row to its end, blocks in random order, now and then a hole."""
+    geometry = draw(interleaved_geometries())
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    planes = [
+        Plane(f"layer{i}", "k", 0, torch.uint8, geometry, 0,
+              storage_of(torch.randint(0, 256, (geometry.span_bytes,), dtype=torch.uint8, generator=gen)))
+        for i in range(draw(st.integers(1, 2)))
+    ]
+    slots: list[int] = []
+    for block in draw(st.permutations(range(geometry.num_blocks))):
+        first = draw(st.sampled_from([0, 0, draw(st.integers(0, geometry.rows_per_block - 1))]))
+        slots += [block * geometry.rows_per_block + row for row in range(first, geometry.rows_per_block)]
+    for hole in draw(st.lists(st.integers(0, len(slots) - 1), max_size=2)):
+        slots[hole] = -1
+    return planes, torch.tensor(slots, dtype=torch.int64)
+
+
+@st.composite
 def transfer_cases(draw, max_planes: int = 4, max_rows: int = 12) -> tuple[list[Plane], torch.Tensor]:
     """(planes with random bytes, int64 slots ``[R]`` or ``[P, R]``) with distinct valid slots per plane."""
     geoms = draw(st.lists(geometries(), min_size=1, max_size=max_planes))

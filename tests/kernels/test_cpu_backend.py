@@ -23,7 +23,7 @@ from tests.kernels.checks import (
     check_refusals,
     small_group,
 )
-from tests.kernels.strategies import clone_planes, transfer_cases
+from tests.kernels.strategies import clone_planes, interleaved_cases, transfer_cases
 
 pytestmark = pytest.mark.skipif(not CPU.availability()[0], reason=CPU.availability()[1])
 
@@ -37,6 +37,14 @@ def test_store_matches_torch(case, seed):
 @settings(max_examples=60, deadline=None)
 @given(case=transfer_cases(), seed=st.integers(0, 1000))
 def test_load_matches_torch(case, seed):
+    assert_load_matches_torch(CPU, *case, seed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=interleaved_cases(), seed=st.integers(0, 1000))
+def test_interleaved_rows_match_torch_both_ways(case, seed):
+    """K stored transposed goes through 8 x 8 tiles (SSE2 for 2-byte elements) and element-wise leftovers."""
+    assert_store_matches_torch(CPU, *case, seed)
     assert_load_matches_torch(CPU, *case, seed)
 
 
