@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-$(PLATFORM)
 setup: $(STAMP)
 
 $(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements.py \
-		$(wildcard csrc/cpu/* csrc/ascend/*)
+		$(wildcard csrc/*.h csrc/cpu/* csrc/ascend/*)
 	PLATFORM=$(PLATFORM) bash scripts/setup_env.sh $(VENV)
 
 test: setup

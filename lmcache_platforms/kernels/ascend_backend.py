@@ -19,12 +19,11 @@ from typing import Any
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import TableCache, plane_device
+from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, plane_device
 from lmcache_platforms.layout.plane import Plane
 
 LIBRARY_MODULE = "lmcache_platforms.kernels._ascend_transfer"
 OP_NAMESPACE = "lmcache_platforms_ascend"
-ABI_VERSION = 1
 _BUILD_HINT = ("build it where CANN is installed: `source <CANN>/set_env.sh; SOC_VERSION=<chip> "
                "pip install -e .` (or `python csrc/ascend/build.py`)")
 
