@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from lmcache_platforms.kernels.contract import TransferError, validate_transfer
-from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
 # One int64 per field, in this order; the notes become the C struct's comments.
 _FIELD_NOTES = {
@@ -178,7 +178,7 @@ class TableCache:
             table = PlaneTable(
                 table=tensor if device is None else tensor.to(device),
                 device=plane_device(planes),
-                row_bytes=sum(p.row_bytes for p in planes),
+                row_bytes=buffer_bytes(planes, 1),
                 capacities=capacities,
                 min_capacity=int(capacities.min()),
             )

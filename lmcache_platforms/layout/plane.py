@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -82,3 +83,11 @@ class Plane:
             (g.block_stride, g.row_stride, g.segment_stride, 1),
             self.offset,
         )
+
+
+def buffer_bytes(planes: Sequence[Plane], rows: int) -> int:
+    """Size of the chunk buffer for ``rows`` rows: plane-major, plane ``p`` holds ``rows x row_bytes_p``.
+
+    The one definition of a transfer's byte count: transfer groups, chunk formats and kernel checks use it.
+    """
+    return rows * sum(p.row_bytes for p in planes)
