@@ -15,6 +15,7 @@ $(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements
 test: setup
 	bash scripts/test_services.sh
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 demo: setup

@@ -56,7 +56,7 @@ setup(
         "packaging",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff", "redis"],
+        "test": ["pytest", "hypothesis", "ruff", "redis", "mypy==2.4.1"],
         "triton": ["triton"],
     },
     entry_points={

@@ -29,7 +29,7 @@ _BUILD_HINT = ("build it where CANN is installed: `source <CANN>/set_env.sh; SOC
 
 
 @functools.cache
-def load_op() -> tuple[Any | None, str]:
+def load_op() -> tuple[Any, str]:
     """(the op namespace, "") or (None, why the Ascend kernel cannot be used here)."""
     if importlib.util.find_spec("torch_npu") is None:
         return None, "torch_npu is not installed"
@@ -79,7 +79,7 @@ class AscendBackend(KernelBackend):
         ops, reason = load_op()
         if ops is None:
             return False, reason
-        if not torch.npu.is_available():
+        if not torch.npu.is_available():  # type: ignore[attr-defined]
             return False, "the Ascend kernel is built but no NPU is visible"
         return True, f"Ascend C kernel ({ops.alignment()}-byte granularity)"
 

@@ -96,7 +96,7 @@ def build_table(planes: Sequence[Plane]) -> torch.Tensor:
     for plane in planes:
         check_bounds(plane)
         g = plane.geometry
-        base = plane.storage.untyped_storage().data_ptr() + plane.offset
+        base = plane.allocation_address() + plane.offset
         own = {"base": base, "buffer_prefix": buffer_prefix}  # the rest are geometry attributes of the same name
         rows.append(tuple(own[name] if name in own else getattr(g, name) for name in FIELDS))
         buffer_prefix += g.row_bytes
@@ -167,7 +167,7 @@ class TableCache:
             hit = self._recent.get(fast_key)
             if hit is not None and hit[0] is planes and isinstance(planes, tuple):
                 return hit[1]
-        key = (tuple(planes), tuple(p.storage.untyped_storage().data_ptr() for p in planes), str(device))
+        key = (tuple(planes), tuple(p.allocation_address() for p in planes), str(device))
         with self._lock:
             table = self._tables.get(key)
             if table is not None:

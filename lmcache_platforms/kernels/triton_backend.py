@@ -103,7 +103,7 @@ def transfer_unit(planes: Sequence[Plane], buffer_address: int) -> int:
     unit = 8
     for plane in planes:
         g = plane.geometry
-        base = plane.storage.untyped_storage().data_ptr() + plane.offset
+        base = plane.allocation_address() + plane.offset
         for value in (base, g.block_stride, g.row_stride, g.segment_bytes, g.segment_stride):
             unit = math.gcd(unit, value)
     return math.gcd(unit, buffer_address)

@@ -73,6 +73,12 @@ class Plane:
     def row_bytes(self) -> int:
         return self.geometry.row_bytes
 
+    def allocation_address(self) -> int:
+        """Address of the first byte of the allocation behind the plane (not of the plane itself)."""
+        if self.storage is None:
+            raise ValueError(f"plane {self.name!r} of layer {self.layer!r} has no tensor behind it")
+        return self.storage.untyped_storage().data_ptr()
+
     def rows_view(self) -> torch.Tensor:
         """A ``[num_blocks, rows_per_block, segments, segment_bytes]`` uint8 view of the plane's bytes."""
         if self.storage is None:

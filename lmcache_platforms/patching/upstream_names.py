@@ -47,6 +47,9 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed", "integration/vllm/health.py", instance=True),
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed_reason", "integration/vllm/health.py",
                  instance=True),
+    # LMCache's device ops: our NPU ops subclass binds LMCache-Ascend's kernels once, under upstream's guard.
+    UpstreamName("lmcache.v1.platform.base.device_ops:DeviceOps", "_native_bound", "lmcache_platforms_npu_device.py",
+                 instance=True),
     # LMCache instances whose public methods we replace on the instance.
     *(UpstreamName("lmcache.v1.metadata:LMCacheMetadata", name, "connector/chunk_metadata.py")
       for name in ("get_shapes", "get_dtypes", "get_num_groups")),

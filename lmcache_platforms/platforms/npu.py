@@ -25,7 +25,7 @@ class NpuPlatform(Platform):
 
     def _module(self) -> Any:
         importlib.import_module("torch_npu")
-        return torch.npu
+        return torch.npu  # type: ignore[attr-defined]
 
     def available(self) -> tuple[bool, str]:
         if importlib.util.find_spec("torch_npu") is None:
