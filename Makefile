@@ -9,12 +9,13 @@ STAMP := $(VENV)/.setup-$(PLATFORM)
 setup: $(STAMP)
 
 $(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements.py \
-		$(wildcard csrc/cpu/* csrc/ascend/*)
+		$(wildcard csrc/*.h csrc/cpu/* csrc/ascend/*)
 	PLATFORM=$(PLATFORM) bash scripts/setup_env.sh $(VENV)
 
 test: setup
 	bash scripts/test_services.sh
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 demo: setup

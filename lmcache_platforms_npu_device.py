@@ -41,7 +41,7 @@ class PlatformsNpuDeviceOps(NpuDeviceOps):
     """Upstream's NPU ops; native LMCache-Ascend kernels when installed, LMCache's torch baseline otherwise."""
 
     def ensure_native(self) -> None:
-        if self._native_bound:
+        if self._native_bound:  # type: ignore[has-type]
             return
         self._native_bound = True
         if ascend_native_ops_installed():

@@ -33,6 +33,7 @@ class OptionalBuildExt(build_ext):
 cpu_kernels = Extension(
     "lmcache_platforms.kernels._cpu_transfer",
     sources=["csrc/cpu/kv_transfer.c"],
+    depends=["csrc/lmcp_plane_table.h"],
     extra_compile_args=["-O3", "-std=c11", "-pthread"],
     extra_link_args=["-pthread"],
 )
@@ -55,7 +56,7 @@ setup(
         "packaging",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff", "redis"],
+        "test": ["pytest", "hypothesis", "ruff", "redis", "mypy==2.4.1"],
         "triton": ["triton"],
     },
     entry_points={

@@ -10,6 +10,7 @@ done. Activation errors are logged here and re-raised by ``activate()``.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 from lmcache_platforms.activation import activate, activate_or_log, ensure_patched, status
 
@@ -23,7 +24,7 @@ _IMPORT_FRAMES = {"_find_and_load_unlocked": "name", "_get_module_details": "mod
 
 def _imported_as_parent_of_a_submodule() -> bool:
     """Whether this package is being imported only on the way to one of its submodules."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         local = _IMPORT_FRAMES.get(frame.f_code.co_name)
         target = frame.f_locals.get(local) if local else None

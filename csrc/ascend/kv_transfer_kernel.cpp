@@ -12,10 +12,10 @@
  * multiples; other chips use DataCopyPad, which copies any byte length.
  */
 #include "kernel_operator.h"
+#include "../lmcp_plane_table.h"
 
 namespace {
 
-constexpr int64_t kFields = 9;  // one table row per plane, field order of plane_table.FIELDS
 constexpr int32_t kDepth = 2;   // double buffering: copy-in of the next tile overlaps copy-out of this one
 constexpr uint32_t kTileBytes = 64 * 1024;
 constexpr int64_t kUnit = 32;   // UB block size in bytes
@@ -114,16 +114,16 @@ extern "C" __global__ __aicore__ void lmcp_kv_transfer(GM_ADDR table, GM_ADDR sl
         if (slot < 0) {
             continue;
         }
-        const int64_t f = plane * kFields;
-        const int64_t base = fields.GetValue(f + 0);
-        const int64_t block_stride = fields.GetValue(f + 1);
-        const int64_t rows_per_block = fields.GetValue(f + 2);
-        const int64_t row_stride = fields.GetValue(f + 3);
-        int64_t segments = fields.GetValue(f + 4);
-        int64_t segment_bytes = fields.GetValue(f + 5);
-        int64_t segment_stride = fields.GetValue(f + 6);
-        const int64_t row_bytes = fields.GetValue(f + 7);
-        const int64_t prefix = fields.GetValue(f + 8);
+        const int64_t f = plane * LMCP_PLANE_FIELDS;
+        const int64_t base = fields.GetValue(f + LMCP_F_BASE);
+        const int64_t block_stride = fields.GetValue(f + LMCP_F_BLOCK_STRIDE);
+        const int64_t rows_per_block = fields.GetValue(f + LMCP_F_ROWS_PER_BLOCK);
+        const int64_t row_stride = fields.GetValue(f + LMCP_F_ROW_STRIDE);
+        int64_t segments = fields.GetValue(f + LMCP_F_SEGMENTS);
+        int64_t segment_bytes = fields.GetValue(f + LMCP_F_SEGMENT_BYTES);
+        int64_t segment_stride = fields.GetValue(f + LMCP_F_SEGMENT_STRIDE);
+        const int64_t row_bytes = fields.GetValue(f + LMCP_F_ROW_BYTES);
+        const int64_t buffer_prefix = fields.GetValue(f + LMCP_F_BUFFER_PREFIX);
         if (segment_stride == segment_bytes) {  // dense row: one piece
             segments = 1;
             segment_bytes = row_bytes;
@@ -134,7 +134,7 @@ extern "C" __global__ __aicore__ void lmcp_kv_transfer(GM_ADDR table, GM_ADDR sl
         __gm__ uint8_t *plane_row =
             reinterpret_cast<__gm__ uint8_t *>(base + block * block_stride + in_block * row_stride);
         __gm__ uint8_t *buffer_row =
-            reinterpret_cast<__gm__ uint8_t *>(buffer) + prefix * num_rows + row * row_bytes;
+            reinterpret_cast<__gm__ uint8_t *>(buffer) + buffer_prefix * num_rows + row * row_bytes;
         if (store) {
             mover.Move(plane_row, segment_stride, buffer_row, segment_bytes, segments, segment_bytes);
         } else {

@@ -13,6 +13,8 @@
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
 
+#include "../lmcp_plane_table.h"
+
 #ifndef LMCP_ALIGNMENT
 #define LMCP_ALIGNMENT 1
 #endif
@@ -22,9 +24,6 @@ extern "C" void lmcp_kv_transfer_launch(uint32_t block_dim, void *stream, void *
                                         int64_t store);
 
 namespace {
-
-constexpr int64_t kAbiVersion = 1;
-constexpr int64_t kFields = 9;
 
 int64_t vector_cores()
 {
@@ -41,9 +40,9 @@ int64_t vector_cores()
 void transfer(const at::Tensor &table, const at::Tensor &slots, const at::Tensor &buffer, int64_t slots_plane_stride,
               bool store)
 {
-    TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(1) == kFields &&
+    TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(1) == LMCP_PLANE_FIELDS &&
                     table.is_contiguous(),
-                "lmcache_platforms ascend: table must be a contiguous int64 [P, ", kFields, "] tensor");
+                "lmcache_platforms ascend: table must be a contiguous int64 [P, ", LMCP_PLANE_FIELDS, "] tensor");
     TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous(),
                 "lmcache_platforms ascend: slots must be contiguous int64");
     TORCH_CHECK(buffer.is_contiguous(), "lmcache_platforms ascend: the chunk buffer must be contiguous");
@@ -69,7 +68,7 @@ void transfer(const at::Tensor &table, const at::Tensor &slots, const at::Tensor
     cmd.Run();
 }
 
-int64_t abi_version() { return kAbiVersion; }
+int64_t abi_version() { return LMCP_ABI_VERSION; }
 
 // Byte granularity every address, stride and size must have (32 on 310P builds, 1 elsewhere).
 int64_t alignment() { return LMCP_ALIGNMENT; }

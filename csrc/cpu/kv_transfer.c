@@ -19,18 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-/* Must match lmcache_platforms/kernels/plane_table.py (nine int64 fields per plane). */
-typedef struct {
-    int64_t base;          /* address of block 0, row 0, segment 0 */
-    int64_t block_stride;  /* bytes */
-    int64_t rows_per_block;
-    int64_t row_stride;    /* bytes */
-    int64_t segments;
-    int64_t segment_bytes;
-    int64_t segment_stride; /* bytes */
-    int64_t row_bytes;     /* segments * segment_bytes */
-    int64_t buffer_prefix; /* row bytes of the planes before this one: its rows start at prefix * rows */
-} lmcp_plane;
+/* lmcp_plane and LMCP_ABI_VERSION, generated from lmcache_platforms/kernels/plane_table.py. */
+#include "../lmcp_plane_table.h"
 
 enum { LMCP_STORE = 0, LMCP_LOAD = 1 };
 
@@ -453,5 +443,5 @@ int lmcp_transfer(const lmcp_plane *planes, int64_t num_planes, const int64_t *s
     return 0;
 }
 
-/* Lets the loader check it got a library built from this source (bump when lmcp_plane changes). */
-int lmcp_abi_version(void) { return 1; }
+/* Lets the loader check it got a library built with its plane table. */
+int lmcp_abi_version(void) { return LMCP_ABI_VERSION; }

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def collect() -> dict[str, Any]:
     """Everything doctor reports, as one JSON-ready dict."""
     import lmcache_platforms
-    from lmcache_platforms.kernels.registry import describe_backends
+    from lmcache_platforms.kernels.registry import describe_backends, preferred_backend
     from lmcache_platforms.patching.versions import installed_version
     from lmcache_platforms.platforms.detect import describe_platforms
 
@@ -48,7 +48,7 @@ def collect() -> dict[str, Any]:
         "error": state["error"],
         "platform": state["platform"] or "unknown",
         "versions": versions,
-        "platforms": describe_platforms(),
+        "platforms": [{**p, "default_kernel_backend": preferred_backend(str(p["name"]))} for p in describe_platforms()],
         "kernel_backends": describe_backends(),
         "patches": [{"target": p["target"], "applied": p["applied"], "detail": f"{p['state']}: {p['detail']}"}
                     for p in state["patches"]],

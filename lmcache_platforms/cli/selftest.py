@@ -64,7 +64,9 @@ def selftest(layout_ref: str, mode: str, backend: str, seed: int = 0, layerwise:
         roundtrip.zero_planes(layout)
         hit = engine.retrieve(request.tokens, request.load_ids)
         verdict = roundtrip.verify(layout, request, stored, hit)
-        counters = engine.connector.binding.counters
+        binding = engine.connector.binding
+        assert binding is not None, "LayoutEngine binds its connector"
+        counters = binding.counters
     return roundtrip.summary(layout, request, verdict, hit, counters, spec.name)
 
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lmcache_platforms.kernels.contract import buffer_bytes
 from lmcache_platforms.layout.kv_layout import KVLayout, TransferGroup
-from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
 LAYOUT_TAG = "lmcache.tag.lmcp_layout"
 

@@ -19,18 +19,17 @@ from typing import Any
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import TableCache, plane_device
+from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, plane_device
 from lmcache_platforms.layout.plane import Plane
 
 LIBRARY_MODULE = "lmcache_platforms.kernels._ascend_transfer"
 OP_NAMESPACE = "lmcache_platforms_ascend"
-ABI_VERSION = 1
 _BUILD_HINT = ("build it where CANN is installed: `source <CANN>/set_env.sh; SOC_VERSION=<chip> "
                "pip install -e .` (or `python csrc/ascend/build.py`)")
 
 
 @functools.cache
-def load_op() -> tuple[Any | None, str]:
+def load_op() -> tuple[Any, str]:
     """(the op namespace, "") or (None, why the Ascend kernel cannot be used here)."""
     if importlib.util.find_spec("torch_npu") is None:
         return None, "torch_npu is not installed"
@@ -80,7 +79,7 @@ class AscendBackend(KernelBackend):
         ops, reason = load_op()
         if ops is None:
             return False, reason
-        if not torch.npu.is_available():
+        if not torch.npu.is_available():  # type: ignore[attr-defined]
             return False, "the Ascend kernel is built but no NPU is visible"
         return True, f"Ascend C kernel ({ops.alignment()}-byte granularity)"
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
 
 class Direction(enum.Enum):
@@ -20,11 +20,6 @@ class Direction(enum.Enum):
 
 class TransferError(ValueError):
     """A transfer was refused before anything was written."""
-
-
-def buffer_bytes(planes: Sequence[Plane], rows: int) -> int:
-    """Size of the chunk buffer for ``rows`` rows: plane-major, plane ``p`` holds ``rows x row_bytes_p``."""
-    return rows * sum(p.row_bytes for p in planes)
 
 
 def validate_transfer(planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor) -> None:

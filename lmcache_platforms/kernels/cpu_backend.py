@@ -16,14 +16,13 @@ from collections.abc import Sequence
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import TableCache
+from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
 
 LIBRARY_MODULE = "lmcache_platforms.kernels._cpu_transfer"
-ABI_VERSION = 1
 _DIRECTIONS = {Direction.STORE: 0, Direction.LOAD: 1}
 _REBUILD_HINT = "rebuild with `python setup.py build_ext --inplace` or `pip install -e .`"
 

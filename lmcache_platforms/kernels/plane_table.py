@@ -1,8 +1,10 @@
 """Per-plane parameter tables for the native and Triton kernels, built once per plane tuple and cached.
 
-A table is an int64 ``[P, 9]`` tensor; each row is one plane's absolute base address, its byte geometry and
-the row bytes of the planes before it (its rows start at ``prefix * R`` in the chunk buffer), in the field
-order of ``lmcp_plane`` in ``csrc/cpu/kv_transfer.c``.
+A table is an int64 ``[P, len(FIELDS)]`` tensor; each row is one plane's absolute base address, its byte
+geometry and the row bytes of the planes before it (its rows start at ``buffer_prefix * R`` in the chunk
+buffer). ``FIELDS`` and ``ABI_VERSION`` are the one definition of that row: the C and Ascend C kernels include
+``csrc/lmcp_plane_table.h``, written from them by ``scripts/gen_plane_table_header.py`` (a test checks it is
+current), and the Triton kernel gets each field's offset from ``FIELD``.
 Building it is also where a plane is checked against the allocation behind it, because a native kernel
 would otherwise write past it.
 """
@@ -17,19 +19,50 @@ from dataclasses import dataclass
 import torch
 
 from lmcache_platforms.kernels.contract import TransferError, validate_transfer
-from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
-FIELDS = (
-    "base",
-    "block_stride",
-    "rows_per_block",
-    "row_stride",
-    "segments",
-    "segment_bytes",
-    "segment_stride",
-    "row_bytes",
-    "buffer_prefix",
-)
+# One int64 per field, in this order; the notes become the C struct's comments.
+_FIELD_NOTES = {
+    "base": "address of block 0, row 0, segment 0",
+    "block_stride": "bytes",
+    "rows_per_block": "",
+    "row_stride": "bytes",
+    "segments": "",
+    "segment_bytes": "",
+    "segment_stride": "bytes",
+    "row_bytes": "segments * segment_bytes",
+    "buffer_prefix": "row bytes of the planes before this one: its rows start at prefix * rows",
+}
+FIELDS = tuple(_FIELD_NOTES)
+FIELD = {name: offset for offset, name in enumerate(FIELDS)}
+# Reported by every native library built from csrc; bump whenever FIELDS changes, so a stale build is refused.
+ABI_VERSION = 1
+HEADER_PATH = "csrc/lmcp_plane_table.h"
+
+
+def c_header() -> str:
+    """``csrc/lmcp_plane_table.h``: the table row as a C struct, field offsets, field count and ABI version."""
+    lines = [
+        "/* Generated from lmcache_platforms/kernels/plane_table.py by scripts/gen_plane_table_header.py;",
+        " * do not edit (tests/kernels/test_plane_table_schema.py checks it is current). */",
+        "#ifndef LMCP_PLANE_TABLE_H",
+        "#define LMCP_PLANE_TABLE_H",
+        "",
+        "#include <stdint.h>",
+        "",
+        f"#define LMCP_ABI_VERSION {ABI_VERSION}",
+        f"#define LMCP_PLANE_FIELDS {len(FIELDS)}",
+        "",
+        "/* Offset of each field in one int64 table row. */",
+        *(f"#define LMCP_F_{name.upper()} {offset}" for name, offset in FIELD.items()),
+        "",
+        "typedef struct {",
+        *(f"    int64_t {name};" + (f" /* {note} */" if note else "") for name, note in _FIELD_NOTES.items()),
+        "} lmcp_plane;",
+        "",
+        "#endif",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def plane_device(planes: Sequence[Plane]) -> torch.device:
@@ -57,26 +90,15 @@ def check_bounds(plane: Plane) -> None:
 
 
 def build_table(planes: Sequence[Plane]) -> torch.Tensor:
-    """The int64 ``[P, 9]`` CPU table of ``planes`` (see FIELDS), after checking each plane's bounds."""
+    """The int64 ``[P, len(FIELDS)]`` CPU table of ``planes``, after checking each plane's bounds."""
     rows = []
     buffer_prefix = 0
     for plane in planes:
         check_bounds(plane)
         g = plane.geometry
-        base = plane.storage.untyped_storage().data_ptr() + plane.offset
-        rows.append(
-            (
-                base,
-                g.block_stride,
-                g.rows_per_block,
-                g.row_stride,
-                g.segments,
-                g.segment_bytes,
-                g.segment_stride,
-                g.row_bytes,
-                buffer_prefix,
-            )
-        )
+        base = plane.allocation_address() + plane.offset
+        own = {"base": base, "buffer_prefix": buffer_prefix}  # the rest are geometry attributes of the same name
+        rows.append(tuple(own[name] if name in own else getattr(g, name) for name in FIELDS))
         buffer_prefix += g.row_bytes
     return torch.tensor(rows, dtype=torch.int64)
 
@@ -135,7 +157,7 @@ class TableCache:
         self._lock = threading.Lock()
 
     def get(self, planes: Sequence[Plane], device: torch.device | None = None) -> torch.Tensor:
-        """The int64 ``[P, 9]`` table tensor of ``planes`` on ``device`` (CPU when None)."""
+        """The int64 ``[P, len(FIELDS)]`` table tensor of ``planes`` on ``device`` (CPU when None)."""
         return self.entry(planes, device).table
 
     def entry(self, planes: Sequence[Plane], device: torch.device | None = None) -> PlaneTable:
@@ -145,7 +167,7 @@ class TableCache:
             hit = self._recent.get(fast_key)
             if hit is not None and hit[0] is planes and isinstance(planes, tuple):
                 return hit[1]
-        key = (tuple(planes), tuple(p.storage.untyped_storage().data_ptr() for p in planes), str(device))
+        key = (tuple(planes), tuple(p.allocation_address() for p in planes), str(device))
         with self._lock:
             table = self._tables.get(key)
             if table is not None:
@@ -156,7 +178,7 @@ class TableCache:
             table = PlaneTable(
                 table=tensor if device is None else tensor.to(device),
                 device=plane_device(planes),
-                row_bytes=sum(p.row_bytes for p in planes),
+                row_bytes=buffer_bytes(planes, 1),
                 capacities=capacities,
                 min_capacity=int(capacities.min()),
             )

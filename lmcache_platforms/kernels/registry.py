@@ -29,7 +29,7 @@ BUILTIN_MODULES: dict[str, str] = {
     "triton": "lmcache_platforms.kernels.triton_backend",
     "ascend": "lmcache_platforms.kernels.ascend_backend",
 }
-# Fastest first; `torch` always ends the list as the fallback.
+# Fastest first; `torch` always ends the list as the fallback. The one place a platform's kernels are chosen.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "cpu": ("cpu", "torch"),
     "cuda": ("triton", "torch"),
@@ -108,6 +108,11 @@ def describe_backends() -> list[dict]:
         available, reason = get_backend(name).availability()
         rows.append({"name": name, "available": available, "reason": reason})
     return rows
+
+
+def preferred_backend(device_type: str) -> str:
+    """The built-in backend ``auto`` tries first on ``device_type`` (doctor reports it per platform)."""
+    return AUTO_ORDER.get(device_type, ("torch",))[0]
 
 
 def _candidates(device_type: str) -> list[str]:

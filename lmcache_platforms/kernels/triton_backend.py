@@ -17,11 +17,14 @@ from collections.abc import Sequence
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import FIELDS, TableCache, plane_device
+from lmcache_platforms.kernels.plane_table import FIELD, FIELDS, TableCache, plane_device
 from lmcache_platforms.layout.plane import Plane
 
 GPU_DEVICES = ("cuda", "xpu")
 _UNIT_DTYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+# Plane-table fields the kernel reads, each passed as a constexpr offset (upper-cased name) from FIELD.
+_TABLE_FIELDS_READ = ("base", "block_stride", "rows_per_block", "row_stride", "segment_bytes", "segment_stride",
+                      "row_bytes", "buffer_prefix")
 
 
 def interpreting() -> bool:
@@ -50,6 +53,14 @@ def _kernel():
         num_rows,
         buffer_ptr,
         FIELD_COUNT: tl.constexpr,
+        BASE: tl.constexpr,
+        BLOCK_STRIDE: tl.constexpr,
+        ROWS_PER_BLOCK: tl.constexpr,
+        ROW_STRIDE: tl.constexpr,
+        SEGMENT_BYTES: tl.constexpr,
+        SEGMENT_STRIDE: tl.constexpr,
+        ROW_BYTES: tl.constexpr,
+        BUFFER_PREFIX: tl.constexpr,
         UNIT: tl.constexpr,
         UNIT_DTYPE: tl.constexpr,
         STORE: tl.constexpr,
@@ -59,14 +70,14 @@ def _kernel():
         plane = tl.program_id(1).to(tl.int64)
         piece = tl.program_id(2).to(tl.int64)
         entry = table_ptr + plane * FIELD_COUNT
-        base = tl.load(entry + 0)
-        block_stride = tl.load(entry + 1)
-        rows_per_block = tl.load(entry + 2)
-        row_stride = tl.load(entry + 3)
-        segment_bytes = tl.load(entry + 5)
-        segment_stride = tl.load(entry + 6)
-        row_bytes = tl.load(entry + 7)
-        prefix = tl.load(entry + 8)
+        base = tl.load(entry + BASE)
+        block_stride = tl.load(entry + BLOCK_STRIDE)
+        rows_per_block = tl.load(entry + ROWS_PER_BLOCK)
+        row_stride = tl.load(entry + ROW_STRIDE)
+        segment_bytes = tl.load(entry + SEGMENT_BYTES)
+        segment_stride = tl.load(entry + SEGMENT_STRIDE)
+        row_bytes = tl.load(entry + ROW_BYTES)
+        buffer_prefix = tl.load(entry + BUFFER_PREFIX)
         slot = tl.load(slots_ptr + plane * slots_plane_stride + row)
         safe = tl.maximum(slot, 0)
         block = safe // rows_per_block
@@ -77,7 +88,8 @@ def _kernel():
         within = offs - segment * segment_bytes
         plane_addr = base + block * block_stride + in_block * row_stride + segment * segment_stride + within
         plane_ptrs = plane_addr.to(tl.pointer_type(UNIT_DTYPE))
-        buffer_ptrs = (buffer_ptr + prefix * num_rows + row * row_bytes + offs).to(tl.pointer_type(UNIT_DTYPE))
+        buffer_addr = buffer_ptr + buffer_prefix * num_rows + row * row_bytes + offs
+        buffer_ptrs = buffer_addr.to(tl.pointer_type(UNIT_DTYPE))
         if STORE:
             tl.store(buffer_ptrs, tl.load(plane_ptrs, mask=mask), mask=mask)
         else:
@@ -91,7 +103,7 @@ def transfer_unit(planes: Sequence[Plane], buffer_address: int) -> int:
     unit = 8
     for plane in planes:
         g = plane.geometry
-        base = plane.storage.untyped_storage().data_ptr() + plane.offset
+        base = plane.allocation_address() + plane.offset
         for value in (base, g.block_stride, g.row_stride, g.segment_bytes, g.segment_stride):
             unit = math.gcd(unit, value)
     return math.gcd(unit, buffer_address)
@@ -153,6 +165,7 @@ class TritonBackend(KernelBackend):
             rows,
             buffer.reshape(-1).view(torch.uint8),
             FIELD_COUNT=len(FIELDS),
+            **{name.upper(): FIELD[name] for name in _TABLE_FIELDS_READ},
             UNIT=unit,
             UNIT_DTYPE=getattr(tl, _UNIT_DTYPES[unit]),
             STORE=direction is Direction.STORE,

@@ -13,7 +13,7 @@ from lmcache_platforms.layout.files import (
     plan,
     save_layout_spec,
 )
-from lmcache_platforms.layout.groups import KVGroup, is_saved
+from lmcache_platforms.layout.groups import KVGroup, is_saved, saved_indices
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry, TransferGroup
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from lmcache_platforms.layout.slots import (
@@ -32,5 +32,5 @@ __all__ = [
     "PlaneSpec", "TensorLayout", "TransferGroup", "chunk_rows", "chunk_slots", "example_names", "is_saved",
     "load_layout_spec", "materialize", "materialize_tensors", "physical_rows_per_chunk", "plan",
     "planes_from_dims", "planes_from_tensor", "primary_group", "rows_for_tokens", "save_layout_spec",
-    "slot_mapping",
+    "saved_indices", "slot_mapping",
 ]

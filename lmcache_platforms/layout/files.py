@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from lmcache_platforms.layout.errors import LayoutError
+from lmcache_platforms.layout.groups import saved_indices
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
 from lmcache_platforms.layout.spec import LayoutSpec, PlaneSpec
 from lmcache_platforms.layout.tensors import planes_from_dims
@@ -120,8 +121,8 @@ def materialize(
             name = plane.name or (str(i) if len(layer.planes) > 1 else "")
             planes += planes_from_dims(layer.name, plane.group, tensor, plane.dims, name)
         entries.append(LayerEntry(layer.name, tuple(planes)))
-    return KVLayout.build(spec.groups, entries, spec.chunk_size, mode, state_markers, save_groups,
-                          skip_groups, num_blocks=spec.num_blocks)
+    saved = saved_indices(spec.groups, state_markers, save_groups, skip_groups)
+    return KVLayout.build(spec.groups, entries, spec.chunk_size, mode, saved, num_blocks=spec.num_blocks)
 
 
 def plan(spec: LayoutSpec, mode: str = "bundled", **rules: Sequence[str]) -> KVLayout:

@@ -68,6 +68,16 @@ def is_saved(
     return not looks_like_state(group, state_markers)
 
 
+def saved_indices(
+    groups: Sequence[KVGroup],
+    state_markers: Sequence[str] = ("State",),
+    save_groups: Sequence[str] = (),
+    skip_groups: Sequence[str] = (),
+) -> tuple[int, ...]:
+    """Indices of the groups ``is_saved`` keeps: the decision for layouts that come without vLLM's specs."""
+    return tuple(g.index for g in groups if is_saved(g, state_markers, save_groups, skip_groups))
+
+
 def validate_groups(groups: Sequence[KVGroup], chunk_size: int) -> None:
     """Raise LayoutError unless these groups can share one chunk layout.
 

@@ -9,16 +9,16 @@ chunk's MemoryObj (``TransferGroup.index``), so a hit restores all groups or non
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lmcache_platforms.layout.errors import LayoutError
-from lmcache_platforms.layout.groups import KVGroup, is_saved, validate_groups
+from lmcache_platforms.layout.groups import KVGroup, validate_groups
 from lmcache_platforms.layout.overlap import check_layer
-from lmcache_platforms.layout.plane import Plane
+from lmcache_platforms.layout.plane import Plane, buffer_bytes
 from lmcache_platforms.layout.slots import BlockIds, chunk_slots, physical_rows_per_chunk
 
 MODES = ("bundled", "exploded")
@@ -41,12 +41,16 @@ class TransferGroup:
     planes: tuple[Plane, ...]
     layers: tuple[str, ...]
     rows_per_chunk: int
-    bytes_per_chunk: int
 
     @property
     def row_bytes(self) -> int:
         """Bytes one row of every plane adds to the chunk buffer."""
-        return sum(p.row_bytes for p in self.planes)
+        return buffer_bytes(self.planes, 1)
+
+    @property
+    def bytes_per_chunk(self) -> int:
+        """Bytes of this group's part of a full chunk."""
+        return buffer_bytes(self.planes, self.rows_per_chunk)
 
 
 def _check_geometry(plane: Plane) -> None:
@@ -93,12 +97,12 @@ class KVLayout:
         layers: Sequence[LayerEntry] | Mapping[str, Sequence[Plane]],
         chunk_size: int,
         mode: str = "bundled",
-        state_markers: Sequence[str] = ("State",),
-        save_groups: Sequence[str] = (),
-        skip_groups: Sequence[str] = (),
+        saved: Collection[int] | None = None,
         num_blocks: Mapping[int, int] | Sequence[int] | None = None,
     ) -> KVLayout:
-        """Validate and plan. ``num_blocks`` (per group index) lets planes be checked to hold every slot."""
+        """Validate and plan. ``saved``: indices of the groups chunks carry, decided by the caller (vLLM's
+        ``plan_groups``, or ``saved_indices`` for a layout file); None carries every group. ``num_blocks`` (per
+        group index) lets planes be checked to hold every slot."""
         if mode not in MODES:
             raise LayoutError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         validate_groups(groups, chunk_size)
@@ -118,7 +122,8 @@ class KVLayout:
                     member[plane.group].append(entry.name)
         groups = tuple(g if g.layer_names else dataclasses.replace(g, layer_names=tuple(member[g.index]))
                        for g in groups)
-        saved = {g.index for g in groups if is_saved(g, state_markers, save_groups, skip_groups)}
+        if saved is None:
+            saved = by_index.keys()
         planes = [p for e in entries for p in e.planes]
         skipped = tuple(p for p in planes if p.group not in saved)
         kept = [p for p in planes if p.group in saved]
@@ -222,6 +227,5 @@ def _transfer_groups(
         group = by_index[members[0].group]
         rows = physical_rows_per_chunk(group, chunk_size)
         layers = tuple(dict.fromkeys(p.layer for p in members))
-        out.append(TransferGroup(len(out), group.index, tuple(members), layers, rows,
-                                 rows * sum(p.row_bytes for p in members)))
+        out.append(TransferGroup(len(out), group.index, tuple(members), layers, rows))
     return tuple(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +73,12 @@ class Plane:
     def row_bytes(self) -> int:
         return self.geometry.row_bytes
 
+    def allocation_address(self) -> int:
+        """Address of the first byte of the allocation behind the plane (not of the plane itself)."""
+        if self.storage is None:
+            raise ValueError(f"plane {self.name!r} of layer {self.layer!r} has no tensor behind it")
+        return self.storage.untyped_storage().data_ptr()
+
     def rows_view(self) -> torch.Tensor:
         """A ``[num_blocks, rows_per_block, segments, segment_bytes]`` uint8 view of the plane's bytes."""
         if self.storage is None:
@@ -82,3 +89,11 @@ class Plane:
             (g.block_stride, g.row_stride, g.segment_stride, 1),
             self.offset,
         )
+
+
+def buffer_bytes(planes: Sequence[Plane], rows: int) -> int:
+    """Size of the chunk buffer for ``rows`` rows: plane-major, plane ``p`` holds ``rows x row_bytes_p``.
+
+    The one definition of a transfer's byte count: transfer groups, chunk formats and kernel checks use it.
+    """
+    return rows * sum(p.row_bytes for p in planes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 
@@ -81,7 +82,7 @@ def _planes_of_view(layer: str, group: int, name: str, view: torch.Tensor, dims:
         segment_stride=segment_stride,
     )
     storage = _storage_of(view)
-    return [Plane(layer, name, group, view.dtype, geometry, view.storage_offset() * item, storage)]
+    return [Plane(layer, name, group, view.dtype, geometry, int(view.storage_offset()) * item, storage)]
 
 
 def _check_dims(layer: str, tensor: torch.Tensor, dims: Dims) -> None:
@@ -193,7 +194,7 @@ def planes_from_tensor(
         raise LayoutError(f"layer {layer!r}: {len(item_names)} names for {len(items)} tensors")
     groups = [group] * len(items) if isinstance(group, int) else list(group)
     is_list_hint = isinstance(hint, (list, tuple)) and hint and not isinstance(hint[0], str)
-    hints = list(hint) if is_list_hint else [hint] * len(items)
+    hints: list[Any] = list(cast(Sequence[Any], hint)) if is_list_hint else [hint] * len(items)
     if len(groups) != len(items) or len(hints) != len(items):
         raise LayoutError(f"layer {layer!r}: {len(items)} tensors but {len(groups)} groups / {len(hints)} hints")
     planes: list[Plane] = []

@@ -1,4 +1,4 @@
-"""What the connector needs from an accelerator: device, streams, events, pinned host memory, default kernels.
+"""What the connector needs from an accelerator: availability, streams and events.
 
 Each platform module (cpu, cuda, xpu, npu) subclasses ``Platform`` and overrides only what differs. Runtime
 modules (torch_npu, IPEX) are imported lazily inside methods so this package imports on any machine.
@@ -18,18 +18,12 @@ class Platform:
 
     name: str = "cpu"
     torch_module_name: str = ""
-    default_kernel_backend: str = "torch"
     #: ``backend_name`` of the DeviceSpec we add for this platform, selected through LMCACHE_DEVICE_BACKEND
     lmcache_device_backend: str | None = None
 
     def available(self) -> tuple[bool, str]:
         """(usable on this machine, why or why not)."""
         return True, "always available"
-
-    def device(self, index: int | None = None) -> torch.device:
-        if not self.torch_module_name:
-            return torch.device("cpu")
-        return torch.device(self.torch_module_name, self._module().current_device() if index is None else index)
 
     def _module(self) -> Any:
         """The ``torch.<name>`` runtime module (``torch.cuda``, ``torch.xpu``, ``torch.npu``)."""
@@ -53,22 +47,6 @@ class Platform:
     def new_event(self) -> Any:
         return self._module().Event() if self.torch_module_name else None
 
-    def synchronize(self) -> None:
-        if self.torch_module_name:
-            self._module().synchronize()
-
-    def empty_pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Host memory the device can copy from asynchronously (plain memory on CPU)."""
-        return torch.empty(shape, dtype=dtype, pin_memory=bool(self.torch_module_name))
-
-    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.pin_memory() if self.torch_module_name else tensor
-
-    def lmcache_device_spec(self) -> type | None:
-        """A DeviceSpec class we add through ``lmcache.device_plugins``; None where upstream's own is used."""
-        return None
-
     def describe(self) -> dict[str, Any]:
         ok, reason = self.available()
-        return {"name": self.name, "available": ok, "reason": reason,
-                "default_kernel_backend": self.default_kernel_backend}
+        return {"name": self.name, "available": ok, "reason": reason}

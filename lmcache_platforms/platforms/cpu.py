@@ -1,4 +1,4 @@
-"""CPU: synchronous copies into ordinary host memory, native C kernels."""
+"""CPU: synchronous copies into ordinary host memory, no streams."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from lmcache_platforms.platforms.base import Platform
 
 class CpuPlatform(Platform):
     name = "cpu"
-    default_kernel_backend = "cpu"
 
 
 PLATFORM = CpuPlatform()

@@ -1,4 +1,4 @@
-"""NVIDIA CUDA: torch.cuda streams and events, pinned host memory, Triton kernels."""
+"""NVIDIA CUDA: torch.cuda streams and events."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from lmcache_platforms.platforms.base import Platform
 class CudaPlatform(Platform):
     name = "cuda"
     torch_module_name = "cuda"
-    default_kernel_backend = "triton"
 
     def available(self) -> tuple[bool, str]:
         if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:

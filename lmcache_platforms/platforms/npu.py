@@ -1,4 +1,4 @@
-"""Ascend NPU: torch_npu streams, events and pinned host memory; the Ascend C transfer kernel.
+"""Ascend NPU: torch_npu streams and events.
 
 torch_npu is imported on first use (it adds ``torch.npu``), never at module import, so this module loads on
 any machine. LMCache's own NPU backend needs LMCache-Ascend's native ops; without them LMCache gets its NPU
@@ -21,12 +21,11 @@ LMCACHE_BACKEND_NAME = "lmcache_platforms_npu"
 class NpuPlatform(Platform):
     name = "npu"
     torch_module_name = "npu"
-    default_kernel_backend = "ascend"
     lmcache_device_backend = LMCACHE_BACKEND_NAME
 
     def _module(self) -> Any:
         importlib.import_module("torch_npu")
-        return torch.npu
+        return torch.npu  # type: ignore[attr-defined]
 
     def available(self) -> tuple[bool, str]:
         if importlib.util.find_spec("torch_npu") is None:
@@ -43,22 +42,6 @@ class NpuPlatform(Platform):
         """The chip's name as torch_npu reports it, e.g. ``Ascend910B1`` or ``Ascend310P3``."""
         return str(self._module().get_device_name())
 
-    def is_310p(self) -> bool:
-        """Atlas 300I (310P) chips keep K/V planes in FRACTAL_NZ order: H*D/16 segments per row."""
-        return "310p" in self.soc_name().lower()
-
-    def empty_pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        self._module()  # pinning goes through torch_npu's host allocator once it is loaded
-        return super().empty_pinned(shape, dtype)
-
-    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._module()
-        return super().pin_memory(tensor)
-
-    def lmcache_device_spec(self) -> type | None:
-        from lmcache_platforms_npu_device import PlatformsNpuDeviceSpec
-
-        return PlatformsNpuDeviceSpec
 
 
 PLATFORM = NpuPlatform()

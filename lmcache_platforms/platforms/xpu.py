@@ -1,4 +1,4 @@
-"""Intel XPU: torch.xpu streams, events and pinned host memory; Triton kernels (Intel's Triton backend).
+"""Intel XPU: torch.xpu streams and events.
 
 torch >= 2.5 has ``torch.xpu`` built in. Older stacks get it from Intel Extension for PyTorch, which is
 imported only when torch lacks it, so IPEX stays optional. LMCache's own XPU device layer works on its
@@ -21,7 +21,6 @@ IPEX = "intel_extension_for_pytorch"
 class XpuPlatform(Platform):
     name = "xpu"
     torch_module_name = "xpu"
-    default_kernel_backend = "triton"
 
     def _module(self) -> Any:
         if not hasattr(torch, "xpu") and importlib.util.find_spec(IPEX) is not None:

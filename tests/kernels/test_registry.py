@@ -9,6 +9,7 @@ import torch
 
 from lmcache_platforms.kernels import registry
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+from lmcache_platforms.platforms.detect import PLATFORM_NAMES
 
 
 @pytest.fixture(autouse=True)
@@ -94,3 +95,9 @@ def test_a_builtin_that_fails_to_import_is_reported_not_raised(monkeypatch):
     assert rows["cpu"]["available"] is False
     assert rows["cpu"]["reason"].startswith("cannot import lmcache_platforms.kernels.no_such_backend")
     assert registry.select_backend(cpu_planes(), "cpu").name == "torch"
+
+
+def test_each_platform_prefers_its_native_backend_and_others_the_torch_one() -> None:
+    assert {name: registry.preferred_backend(name) for name in PLATFORM_NAMES} == {
+        "npu": "ascend", "xpu": "triton", "cuda": "triton", "cpu": "cpu"}
+    assert registry.preferred_backend("mps") == "torch"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from lmcache_platforms.layout import LayoutError
 from lmcache_platforms.layout.files import materialize, plan
-from lmcache_platforms.layout.groups import KVGroup, is_saved
+from lmcache_platforms.layout.groups import KVGroup, is_saved, saved_indices
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
 from lmcache_platforms.layout.slots import chunk_slots, physical_rows_per_chunk
 from lmcache_platforms.layout.spec import LayoutSpec
@@ -57,7 +57,8 @@ def byte_set(planes) -> set[tuple[int, int]]:
 @given(layout_specs(max_layers=2))
 def test_bundled_and_exploded_cover_the_same_bytes(spec):
     bundled = materialize(spec, "bundled")
-    exploded = KVLayout.build(spec.groups, bundled.layers, spec.chunk_size, "exploded", num_blocks=spec.num_blocks)
+    exploded = KVLayout.build(spec.groups, bundled.layers, spec.chunk_size, "exploded", saved_indices(spec.groups),
+                              num_blocks=spec.num_blocks)
     assert plan(spec, "exploded").summary() == exploded.summary()
     assert bundled.chunk_bytes == exploded.chunk_bytes
     for group in spec.groups:
@@ -77,7 +78,7 @@ def small_layout(**rules) -> KVLayout:
     groups = [KVGroup(0, 4, spec_name="FullAttentionSpec"), KVGroup(1, 4, sliding_window=8),
               KVGroup(2, 4, spec_name="MambaStateSpec"), KVGroup(3, 4, is_state=True)]
     layers = {f"l{g}": planes_from_tensor(f"l{g}", g, k.clone(), TensorLayout.KV_SECOND) for g in range(4)}
-    return KVLayout.build(groups, layers, chunk_size=16, **rules)
+    return KVLayout.build(groups, layers, chunk_size=16, saved=saved_indices(groups, **rules))
 
 
 def test_state_groups_are_skipped_by_default():

@@ -16,8 +16,6 @@ goes to the recording fake. What the log must show, per direction:
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -168,31 +166,4 @@ def test_cpu_has_no_streams_and_no_scratch() -> None:
         assert engine.connector.binding.streams.platform is cpu_platform.PLATFORM
         assert (engine.connector.store_stream, engine.connector.load_stream) == (None, None)
         assert engine.connector.binding.scratch == {}
-
-
-@pytest.mark.parametrize("which", ["xpu", "npu"])
-def test_pinned_memory_is_asked_of_the_runtime(which: str, monkeypatch) -> None:
-    """Accelerator platforms allocate and pin host memory through torch's pinned allocator (the watcher
-    records the request; this CPU build has no such allocator); the CPU platform never pins."""
-    runtime = FakeDeviceRuntime(1, "fake accelerator")
-    if which == "xpu":
-        platform: Platform = xpu_platform.PLATFORM
-        monkeypatch.setattr(torch, "xpu", runtime)
-    else:
-        platform = npu_platform.PLATFORM
-        monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-        fake = types.ModuleType("torch_npu")
-        monkeypatch.setitem(sys.modules, "torch_npu", fake)
-        monkeypatch.setattr(torch, "npu", runtime, raising=False)
-    with pytest.raises(RuntimeError, match=r"pinned memory|accelerator"):
-        platform.empty_pinned((4,), torch.uint8)  # a real pinned request, which this machine cannot serve
-    with runtime.watching(lambda tensor: None):
-        out = platform.empty_pinned((2, 3), torch.float16)
-        pinned = platform.pin_memory(torch.ones(5))
-        cpu_out = cpu_platform.PLATFORM.empty_pinned((2,), torch.uint8)
-        cpu_pinned = cpu_platform.PLATFORM.pin_memory(torch.ones(2))
-    assert out.shape == (2, 3) and out.dtype == torch.float16 and pinned.tolist() == [1.0] * 5
-    assert runtime.log == [("pinned_alloc", "default", "empty.memory_format", torch.float16),
-                           ("pin", "default", (5,), torch.float32)]
-    assert cpu_out.shape == (2,) and cpu_pinned.tolist() == [1.0, 1.0]
 

@@ -12,9 +12,12 @@ other name it registers is untouched). No source patch is needed.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmcache_platforms.log import init_logger
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
 logger = init_logger(__name__)
 
@@ -37,7 +40,7 @@ def guard_register_connector(original: classmethod) -> classmethod:
     ASCEND_CONNECTOR_NAME again keeps our entry instead of raising; every other name behaves as before."""
     register = original.__func__
 
-    def register_connector(cls: type, name: str, module_path: str, class_name: str) -> None:
+    def register_connector(cls: type[KVConnectorFactory], name: str, module_path: str, class_name: str) -> None:
         if name == ASCEND_CONNECTOR_NAME and _is_ours(cls._registry.get(name)):
             logger.info("%s stays lmcache_platforms' HMA connector; ignored its registration as %s:%s",
                         name, module_path, class_name)
@@ -48,7 +51,7 @@ def guard_register_connector(original: classmethod) -> classmethod:
     return classmethod(register_connector)
 
 
-def claim_ascend_connector_name(factory: type | None = None,
+def claim_ascend_connector_name(factory: type[KVConnectorFactory] | None = None,
                                 target: tuple[str, str] = CONNECTOR_TARGET) -> str:
     """Point ASCEND_CONNECTOR_NAME at ``target`` (module, class) in vLLM's connector factory; idempotent.
 
@@ -56,7 +59,9 @@ def claim_ascend_connector_name(factory: type | None = None,
     ``"registered ahead of vllm-ascend"``.
     """
     if factory is None:
-        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as factory
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        factory = KVConnectorFactory
     registry = factory._registry
     existing = registry.get(ASCEND_CONNECTOR_NAME)
     if existing is not None and getattr(existing, _OURS, None) == target:

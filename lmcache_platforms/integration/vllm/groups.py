@@ -85,7 +85,7 @@ def _first_layer_spec(spec: Any) -> Any:
 def tokens_per_row(spec: Any) -> int | Fraction:
     """Tokens one stored row covers: 0.32+ ``tokens_per_state``, 0.23 ``compress_ratio``, else 1."""
     spec = _first_layer_spec(spec)
-    value = getattr(spec, "tokens_per_state", None)
+    value: Any = getattr(spec, "tokens_per_state", None)
     if isinstance(value, property) or value is None:
         value = getattr(spec, "compress_ratio", 1)
     return value

@@ -111,6 +111,6 @@ def build_layout(
         planes = planes_from_tensor(name, group.index, items, hint_for(name, value, group), block_size=rows)
         entries.append(LayerEntry(name, tuple(planes)))
     blocks = dict.fromkeys(plan.saved, num_blocks) if num_blocks else None
-    # The plan already chose the saved groups: tell the layout to keep every one of them.
-    return KVLayout.build(plan.saved_groups, entries, chunk_size, mode=settings.mode, state_markers=(),
-                          save_groups=tuple(str(i) for i in plan.saved), skip_groups=(), num_blocks=blocks)
+    # plan_groups alone decides which groups are saved; the layout carries exactly those.
+    return KVLayout.build(plan.saved_groups, entries, chunk_size, mode=settings.mode, saved=plan.saved,
+                          num_blocks=blocks)

@@ -55,7 +55,6 @@ class RequestMeta:
     block_ids: tuple[tuple[int, ...], ...]
     slot_mappings: dict[int, torch.Tensor]
     primary: int
-    is_last_prefill: bool = False
     save_spec: SaveSpec | None = None
     load_spec: LoadSpec | None = None
     request_configs: dict | None = None
@@ -192,7 +191,6 @@ def build_request_meta(
         block_ids=block_ids,
         slot_mappings=slots,
         primary=primary,
-        is_last_prefill=is_last_prefill,
         save_spec=SaveSpec(skip_leading, can_save, num_to_save),
         load_spec=load_spec,
         request_configs=tracker.request_configs,

@@ -38,7 +38,6 @@ class RequestTracker:
     token_ids: list[int]
     block_ids: list[list[int]]
     num_saved_tokens: int = 0
-    num_lmcache_cached_tokens: int = 0
     skip_save: bool = False
     is_decode_phase: bool = False
     request_configs: dict[str, Any] | None = None
@@ -63,7 +62,6 @@ class RequestTracker:
             token_ids=prompt[:num_tokens_to_compute],
             block_ids=block_ids_per_group(new_request.block_ids, num_groups),
             num_saved_tokens=lmcache_cached_tokens,
-            num_lmcache_cached_tokens=lmcache_cached_tokens,
             skip_save=skip_save,
             request_configs=request_configs,
         )

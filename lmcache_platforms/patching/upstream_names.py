@@ -1,0 +1,64 @@
+"""Every upstream name outside the patch catalog that this package depends on without upstream promising it:
+private (underscore) attributes we read or mutate, and methods we replace on upstream instances.
+
+Declared here so that a version bump is flagged by ``tests/patching/test_upstream_names.py`` (each name must
+exist in the pinned vLLM and LMCache) instead of failing at run time. Add an entry with every new such access.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class UpstreamName:
+    """``owner`` is ``module:Qualname`` (a class or module); ``attribute`` is read, mutated or replaced there.
+
+    ``instance``: the attribute is set on instances (``self.<attribute> = ...`` in the class's source, or
+    ``<x>.<attribute> = ...`` in the module's when ``owner`` is a module), not on the class; ``used_in``: our
+    module that depends on it.
+    """
+
+    owner: str
+    attribute: str
+    used_in: str
+    instance: bool = False
+
+
+_V1_IMPL = "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"
+_ENGINE_IMPL = "integration/vllm/engine_impl.py"
+
+UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
+    # vLLM's connector factory: our names are registered and removed through its private registry.
+    UpstreamName("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory", "_registry",
+                 "integration/vllm/registration.py, ascend_registration.py"),
+    # vLLM's connector base class: our engine impl reads the parent's per-step metadata and cache config.
+    UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_get_connector_metadata",
+                 _ENGINE_IMPL),
+    UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_kv_cache_config",
+                 _ENGINE_IMPL, instance=True),
+    # LMCache's vLLM adapter: MultiGroupConnectorImpl subclasses it and uses its private state.
+    UpstreamName(_V1_IMPL, "_init_connector_state", _ENGINE_IMPL),
+    *(UpstreamName(_V1_IMPL, name, _ENGINE_IMPL, instance=True) for name in (
+        "_parent", "_vllm_config", "_manager", "_block_size", "_lmcache_chunk_size", "_discard_partial_chunks",
+        "_request_trackers", "_unfinished_requests", "_requests_priority", "_invalid_block_ids",
+        "_stats_monitor")),
+    # LMCache's manager: its silent "degraded mode" flag and reason.
+    UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed", "integration/vllm/health.py", instance=True),
+    UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed_reason", "integration/vllm/health.py",
+                 instance=True),
+    # LMCache's device ops: our NPU ops subclass binds LMCache-Ascend's kernels once, under upstream's guard.
+    UpstreamName("lmcache.v1.platform.base.device_ops:DeviceOps", "_native_bound", "lmcache_platforms_npu_device.py",
+                 instance=True),
+    # LMCache instances whose public methods we replace on the instance.
+    *(UpstreamName("lmcache.v1.metadata:LMCacheMetadata", name, "connector/chunk_metadata.py")
+      for name in ("get_shapes", "get_dtypes", "get_num_groups")),
+    *(UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", name, "integration/vllm/key_tags.py")
+      for name in ("lookup", "async_lookup_and_prefetch")),
+    # The standard library's private hooks.
+    UpstreamName("threading", "_register_atexit", "integration/vllm/connector.py"),
+    UpstreamName("sys", "_getframe", "__init__.py"),
+    UpstreamName("importlib._bootstrap", "_find_and_load_unlocked", "__init__.py"),
+    UpstreamName("runpy", "_get_module_details", "__init__.py"),
+    UpstreamName("importlib._bootstrap", "_initializing", "patching/registry.py", instance=True),
+)
