@@ -15,8 +15,9 @@ import msgspec
 import pytest
 import zmq
 
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions
+from lmcache_platforms.tools.fixtures import materialize
 
 pytestmark = pytest.mark.slow
 
