@@ -13,7 +13,7 @@ from typing import Any
 import wrapt
 
 from lmcache_platforms.log import init_logger
-from lmcache_platforms.patching.catalog import PATCHES
+from lmcache_platforms.upstream_fixes.catalog import PATCHES
 from lmcache_platforms.patching.registry import PatchRegistry
 from lmcache_platforms.patching.versions import UnsupportedUpstreamVersion
 

@@ -41,7 +41,7 @@ def closable_remote_backends() -> None:
     import lmcache.v1.storage_backend.job_executor.pq_executor as pq_executor
 
     from lmcache_platforms import ensure_patched
-    from lmcache_platforms.connector.remote_close import pq_executor_shutdown
+    from lmcache_platforms.upstream_fixes.remote_close import pq_executor_shutdown
 
     ensure_patched()
     assert pq_executor.AsyncPQExecutor.shutdown is pq_executor_shutdown
