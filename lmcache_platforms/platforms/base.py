@@ -64,10 +64,6 @@ class Platform:
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.torch_module_name else tensor
 
-    def lmcache_device_spec(self) -> type | None:
-        """A DeviceSpec class we add through ``lmcache.device_plugins``; None where upstream's own is used."""
-        return None
-
     def describe(self) -> dict[str, Any]:
         ok, reason = self.available()
         return {"name": self.name, "available": ok, "reason": reason,

@@ -134,8 +134,9 @@ def test_lmcache_selects_our_spec_by_backend_name(fake_torch_npu, monkeypatch):
     fake_torch_npu(FakeDeviceRuntime(1, "Ascend910B1"))
     import torch_npu  # noqa: F401 - adds torch.npu, as on a real host
 
-    spec_cls = NPU.lmcache_device_spec()
-    ours, upstream = spec_cls(), NpuDeviceSpec()
+    from lmcache_platforms_npu_device import PlatformsNpuDeviceSpec
+
+    ours, upstream = PlatformsNpuDeviceSpec(), NpuDeviceSpec()
     assert (ours.device_type, ours.backend_name, ours.torch_module_name) == ("npu", "lmcache_platforms_npu", "npu")
     monkeypatch.setattr(lmcache_platform, "_DEVICE_TYPE_REGISTRY", {"npu": (upstream, ours)})
     monkeypatch.setattr(lmcache_platform, "_DEVICE_REGISTRY", {"npu": upstream, "lmcache_platforms_npu": ours})

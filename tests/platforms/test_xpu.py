@@ -63,4 +63,4 @@ def test_no_torch_xpu_and_no_ipex(monkeypatch):
 
 def test_defaults_and_no_lmcache_plugin():
     assert (XPU.name, XPU.torch_module_name, XPU.default_kernel_backend) == ("xpu", "xpu", "triton")
-    assert XPU.lmcache_device_spec() is None
+    assert XPU.lmcache_device_backend is None
