@@ -55,7 +55,8 @@ setup(
         "packaging",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff", "redis"],
+        # import-linter pinned: `lint-imports` enforces the layer contracts in pyproject.toml (make test, make lint)
+        "test": ["pytest", "hypothesis", "ruff", "redis", "import-linter==2.16"],
         "triton": ["triton"],
     },
     entry_points={
