@@ -1,4 +1,5 @@
-# Set-up, tests and the main job. Every target creates .venv first if it is missing.
+# Set-up, tests (ruff, the import-linter layer contracts of pyproject.toml, pytest) and the main job.
+# Every target creates .venv first if it is missing.
 VENV ?= .venv
 PLATFORM ?= cpu
 PY := $(VENV)/bin/python
@@ -15,6 +16,7 @@ $(STAMP): setup.py pyproject.toml scripts/setup_env.sh scripts/vllm_requirements
 test: setup
 	bash scripts/test_services.sh
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
@@ -23,6 +25,7 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) build *.egg-info lmcache_platforms/kernels/*.so

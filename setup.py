@@ -56,7 +56,8 @@ setup(
         "packaging",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff", "redis", "mypy==2.4.1"],
+        # import-linter pinned: `lint-imports` enforces the layer contracts in pyproject.toml (make test, make lint); mypy type-checks the package
+        "test": ["pytest", "hypothesis", "ruff", "redis", "import-linter==2.16", "mypy==2.4.1"],
         "triton": ["triton"],
     },
     entry_points={

@@ -12,17 +12,17 @@ from typing import Any
 
 import wrapt
 
+from lmcache_platforms.integration.vllm import readiness
 from lmcache_platforms.log import init_logger
-from lmcache_platforms.patching.catalog import PATCHES
 from lmcache_platforms.patching.registry import PatchRegistry
 from lmcache_platforms.patching.versions import UnsupportedUpstreamVersion
+from lmcache_platforms.upstream_fixes.catalog import PATCHES
 
 logger = init_logger(__name__)
 
 DISABLE_ENV = "LMCACHE_PLATFORMS_DISABLE"
 ALLOW_UNKNOWN_ENV = "LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS"
 VLLM_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
-REGISTRATION = "lmcache_platforms.integration.vllm.registration"
 LMCACHE_DEVICE_BACKEND_ENV = "LMCACHE_DEVICE_BACKEND"
 
 
@@ -106,13 +106,13 @@ def _select_lmcache_device_backend(backend: str | None, environ: MutableMapping[
 
 def _register_connectors(_factory_module: Any) -> None:
     """Post-import hook on vLLM's connector factory: add our connector names to it."""
-    import importlib
+    from lmcache_platforms.integration.vllm.registration import register_connectors
 
     state = _state
     if state is None or not state.activated:
         return
     try:
-        names = importlib.import_module(REGISTRATION).register_connectors()
+        names = register_connectors()
     except Exception as exc:  # noqa: BLE001 - vLLM must still start; the failure is logged and reported
         state.connectors = {"state": "failed", "names": [], "detail": f"{type(exc).__name__}: {exc}"}
         logger.error("lmcache_platforms could not register its vLLM connectors: %s", state.connectors["detail"])
@@ -153,6 +153,9 @@ def ensure_patched() -> Activation:
         reasons = "; ".join(f"{r.patch.target}: {r.detail}" for r in state.registry.failed)
         raise RuntimeError(f"lmcache_platforms patches failed, nothing is patched: {reasons}")
     return state
+
+
+readiness.install(ensure_patched)
 
 
 def current_registry() -> PatchRegistry | None:

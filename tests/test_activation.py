@@ -45,8 +45,8 @@ def test_activation_is_idempotent_in_process():
 
 def test_unknown_upstream_version_fails_activation_and_is_reported(monkeypatch):
     from lmcache_platforms.patching import registry
-    from lmcache_platforms.patching.catalog import PATCHES
     from lmcache_platforms.patching.patch import Patch
+    from lmcache_platforms.upstream_fixes.catalog import PATCHES
 
     fake = Patch(target="json:dumps", replacement="json:loads", versions="lmcache==0.5.6")
     monkeypatch.setattr(activation, "PATCHES", (*PATCHES, fake))

@@ -154,8 +154,8 @@ def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
     """
     import torch
 
-    from lmcache_platforms.layout.files import materialize_tensors
     from lmcache_platforms.layout.slots import chunk_slots
+    from lmcache_platforms.tools.fixtures import materialize_tensors
 
     groups = spec.groups
     if len(groups) != 1 or groups[0].tokens_per_row != 1 or groups[0].sliding_window is not None:
@@ -199,7 +199,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     from lmcache_platforms.config import PlatformSettings
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.kernels.registry import select_backend
-    from lmcache_platforms.layout.files import materialize
+    from lmcache_platforms.tools.fixtures import materialize
 
     layout = materialize(spec, args.mode, device=device, seed=args.seed)
     preference = args.backend or PlatformSettings.load().kernel_backend

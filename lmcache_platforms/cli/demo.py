@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from lmcache_platforms.cli.workdir import run_in_workdir
 
 if TYPE_CHECKING:
-    from lmcache_platforms.demo.scenario import DemoOptions
+    from lmcache_platforms.tools.demo.scenario import DemoOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +52,8 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from lmcache_platforms.demo.runners import Resources
-    from lmcache_platforms.demo.scenario import DemoOptions
+    from lmcache_platforms.tools.demo.runners import Resources
+    from lmcache_platforms.tools.demo.scenario import DemoOptions
 
     if args.chunk_size <= 0 or args.chunk_size % 32:
         return _fail(f"--chunk-size must be a positive multiple of 32, got {args.chunk_size}")
@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_and_report(options: DemoOptions, progress: Callable[[str], None], as_json: bool) -> list[str]:
     """Run the demo, print its report; the problems found (empty when the demo showed what it should)."""
-    from lmcache_platforms.demo.report import problems, render, summary
-    from lmcache_platforms.demo.runners import PassFailed
-    from lmcache_platforms.demo.scenario import run_demo
+    from lmcache_platforms.tools.demo.report import problems, render, summary
+    from lmcache_platforms.tools.demo.runners import PassFailed
+    from lmcache_platforms.tools.demo.scenario import run_demo
 
     try:
         demo = run_demo(options, progress)

@@ -46,7 +46,8 @@ def _table(summary: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from lmcache_platforms.config import PlatformSettings
-    from lmcache_platforms.layout import LayoutError, load_layout_spec, plan
+    from lmcache_platforms.layout import LayoutError, load_layout_spec
+    from lmcache_platforms.tools.fixtures import plan
 
     try:
         settings = PlatformSettings.load()

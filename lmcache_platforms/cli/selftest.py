@@ -44,9 +44,10 @@ def selftest(layout_ref: str, mode: str, backend: str, seed: int = 0, layerwise:
              local_disk: str | None = None) -> dict[str, Any]:
     """Run the round trip; the result dict (raises LayoutError/ValueError/BackendUnavailable on bad input)."""
     from lmcache_platforms.config import PlatformSettings
-    from lmcache_platforms.connector import roundtrip
-    from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
-    from lmcache_platforms.layout import load_layout_spec, materialize
+    from lmcache_platforms.layout import load_layout_spec
+    from lmcache_platforms.tools import roundtrip
+    from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+    from lmcache_platforms.tools.fixtures import materialize
 
     settings = PlatformSettings.load()
     spec = load_layout_spec(layout_ref)

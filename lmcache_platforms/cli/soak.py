@@ -49,7 +49,7 @@ def render(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmcache_platforms.demo.runners import PassFailed
+    from lmcache_platforms.tools.demo.runners import PassFailed
     from lmcache_platforms.tools.soak import SoakOptions, run_soak
 
     if args.duration <= 0 or args.clients < 1 or args.requests < 1:

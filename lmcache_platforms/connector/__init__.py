@@ -1,5 +1,5 @@
-"""LMCache GPU connectors over a KVLayout (paged and layerwise), the factory that replaces upstream's
-``CreateGPUConnector``, and the engine round trip behind ``lmcache-platforms selftest``.
+"""LMCache GPU connectors over a KVLayout (paged and layerwise) and the factory that replaces upstream's
+``CreateGPUConnector``.
 
 Submodules import LMCache; import them only where LMCache is wanted (this package module does not).
 """

@@ -5,14 +5,7 @@ can use it on any machine.
 """
 
 from lmcache_platforms.layout.errors import LayoutError
-from lmcache_platforms.layout.files import (
-    example_names,
-    load_layout_spec,
-    materialize,
-    materialize_tensors,
-    plan,
-    save_layout_spec,
-)
+from lmcache_platforms.layout.files import example_names, load_layout_spec, save_layout_spec
 from lmcache_platforms.layout.groups import KVGroup, is_saved, saved_indices
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry, TransferGroup
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
@@ -30,7 +23,6 @@ from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, pla
 __all__ = [
     "KVGroup", "KVLayout", "LayerEntry", "LayerSpec", "LayoutError", "LayoutSpec", "Plane", "PlaneGeometry",
     "PlaneSpec", "TensorLayout", "TransferGroup", "chunk_rows", "chunk_slots", "example_names", "is_saved",
-    "load_layout_spec", "materialize", "materialize_tensors", "physical_rows_per_chunk", "plan",
-    "planes_from_dims", "planes_from_tensor", "primary_group", "rows_for_tokens", "save_layout_spec",
-    "saved_indices", "slot_mapping",
+    "load_layout_spec", "physical_rows_per_chunk", "planes_from_dims", "planes_from_tensor", "primary_group",
+    "rows_for_tokens", "save_layout_spec", "saved_indices", "slot_mapping",
 ]

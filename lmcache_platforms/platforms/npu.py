@@ -2,7 +2,9 @@
 
 torch_npu is imported on first use (it adds ``torch.npu``), never at module import, so this module loads on
 any machine. LMCache's own NPU backend needs LMCache-Ascend's native ops; without them LMCache gets its NPU
-device layer from our ``lmcache_platforms_npu`` device plugin (top-level module ``lmcache_platforms_npu_device``).
+device layer from our ``lmcache_platforms_npu`` device plugin (top-level module ``lmcache_platforms_npu_device``),
+which LMCache finds through its entry point and selects by ``LMCACHE_BACKEND_NAME``: this module names it and
+never imports it (the plugin imports LMCache; platforms import nothing above them).
 """
 
 from __future__ import annotations

@@ -32,16 +32,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.demo.client import choice_tokens, served_model
-from lmcache_platforms.demo.identity import compare
-from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
-from lmcache_platforms.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS
-from lmcache_platforms.demo.runners import Resources
-from lmcache_platforms.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, TOP_LOGITS
-from lmcache_platforms.demo.server import VllmServer, http_get, require_vllm_command
-from lmcache_platforms.demo.server_pass import serve_args
-from lmcache_platforms.demo.tokenizer import text_of
-from lmcache_platforms.demo.workload import FIRST_ORDINARY_TOKEN
+from lmcache_platforms.tools.demo.client import choice_tokens, served_model
+from lmcache_platforms.tools.demo.identity import compare
+from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+from lmcache_platforms.tools.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS
+from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, TOP_LOGITS
+from lmcache_platforms.tools.demo.server import VllmServer, http_get, require_vllm_command
+from lmcache_platforms.tools.demo.server_pass import serve_args
+from lmcache_platforms.tools.demo.tokenizer import text_of
+from lmcache_platforms.tools.demo.workload import FIRST_ORDINARY_TOKEN
 
 Progress = Callable[[str], None]
 KINDS = ("full", "partial", "miss")

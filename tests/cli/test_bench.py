@@ -10,7 +10,8 @@ import pytest
 from lmcache_platforms.cli import bench
 from lmcache_platforms.cli.main import main
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
-from lmcache_platforms.layout.files import load_layout_spec, plan
+from lmcache_platforms.layout.files import load_layout_spec
+from lmcache_platforms.tools.fixtures import plan
 
 FIELDS = {"backend", "store_GBps", "load_GBps", "memcpy_GBps", "store_x_memcpy", "load_x_memcpy",
           "upstream_store_x_memcpy", "launches_per_chunk"}

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from lmcache_platforms.cli.main import main
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
-from lmcache_platforms.layout import example_names, load_layout_spec, materialize, plan
+from lmcache_platforms.layout import example_names, load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize, plan
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

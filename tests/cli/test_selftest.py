@@ -107,8 +107,9 @@ FIRST_PLANE = {"gemma3": ("model.layers.5.self_attn", "k", 64), "deepseek-v4-sma
 
 def first_load_slot(layout_name: str) -> int:
     """The slot selftest (seed 0) loads chunk row 0 of the first transfer group into: named by the problems."""
-    from lmcache_platforms.connector import roundtrip
-    from lmcache_platforms.layout import load_layout_spec, materialize
+    from lmcache_platforms.layout import load_layout_spec
+    from lmcache_platforms.tools import roundtrip
+    from lmcache_platforms.tools.fixtures import materialize
 
     spec = load_layout_spec(layout_name)
     layout = materialize(spec, "bundled", seed=0)

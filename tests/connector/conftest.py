@@ -36,12 +36,12 @@ def _answers_ping(port: int) -> bool:
 
 @pytest.fixture
 def closable_remote_backends() -> None:
-    """LMCache 0.5.6's remote backends deadlock on close; the patch catalog fixes it (connector.remote_close)
+    """LMCache 0.5.6's remote backends deadlock on close; the patch catalog fixes it (upstream_fixes.remote_close)
     once activation has run and LMCache's executor module is imported."""
     import lmcache.v1.storage_backend.job_executor.pq_executor as pq_executor
 
     from lmcache_platforms import ensure_patched
-    from lmcache_platforms.connector.remote_close import pq_executor_shutdown
+    from lmcache_platforms.upstream_fixes.remote_close import pq_executor_shutdown
 
     ensure_patched()
     assert pq_executor.AsyncPQExecutor.shutdown is pq_executor_shutdown

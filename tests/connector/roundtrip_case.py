@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 
 
 def round_trip(layout: KVLayout, num_tokens: int, storage: StorageOptions | None = None, *,

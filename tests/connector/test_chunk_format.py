@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.connector.chunk_format import paged_format, split_layers, step_formats
 from lmcache_platforms.kernels.contract import buffer_bytes
-from lmcache_platforms.layout import example_names, load_layout_spec, materialize, plan
+from lmcache_platforms.layout import example_names, load_layout_spec
+from lmcache_platforms.tools.fixtures import materialize, plan
 
 
 @pytest.mark.parametrize("mode", ["bundled", "exploded"])

@@ -7,7 +7,8 @@ from lmcache.v1.metadata import LMCacheMetadata
 
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks, forget_chunks
-from lmcache_platforms.layout import load_layout_spec, plan
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools.fixtures import plan
 
 
 def _metadata() -> LMCacheMetadata:

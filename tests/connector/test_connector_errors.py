@@ -7,10 +7,11 @@ import torch
 from lmcache.v1.memory_allocators.ad_hoc_memory_allocator import AdHocMemoryAllocator
 from lmcache.v1.memory_management import MemoryFormat
 
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.kernels.contract import TransferError
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions
+from lmcache_platforms.tools.fixtures import materialize
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,8 @@ import importlib.util
 import pytest
 
 from lmcache_platforms.kernels.registry import describe_backends
-from lmcache_platforms.layout import example_names, load_layout_spec, materialize
+from lmcache_platforms.layout import example_names, load_layout_spec
+from lmcache_platforms.tools.fixtures import materialize
 from tests.connector.roundtrip_case import round_trip
 
 pytestmark = pytest.mark.slow

@@ -64,7 +64,8 @@ def test_other_engines_go_to_upstream() -> None:
 
 def _bound_backends(config: LMCacheEngineConfig, kv_connector_extra_config: dict | None = None) -> list[str]:
     """Kernel backends the connector LMCache's vLLM adapter would create moves ``gemma3``'s planes with."""
-    from lmcache_platforms.layout import load_layout_spec, materialize
+    from lmcache_platforms.layout import load_layout_spec
+    from lmcache_platforms.tools.fixtures import materialize
 
     metadata = _metadata()
     metadata.kv_connector_extra_config = kv_connector_extra_config  # what VllmServiceFactory puts there

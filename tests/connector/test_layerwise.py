@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions
 from lmcache_platforms.kernels.contract import TransferError
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions
+from lmcache_platforms.tools.fixtures import materialize
 from tests.connector.roundtrip_case import round_trip
 
 pytestmark = pytest.mark.slow

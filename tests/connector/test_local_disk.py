@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from lmcache_platforms import ensure_patched
-from lmcache_platforms.connector import roundtrip
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
 from tests.connector.roundtrip_case import round_trip
 
 pytestmark = pytest.mark.slow

@@ -24,9 +24,10 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
-from lmcache_platforms.layout import LayoutSpec, load_layout_spec, materialize
+from lmcache_platforms.layout import LayoutSpec, load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
 from tests.layout.strategies import layout_specs
 
 pytestmark = pytest.mark.slow

@@ -6,9 +6,10 @@ import gc
 
 import pytest
 
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -7,7 +7,8 @@ import torch
 
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
 from lmcache_platforms.kernels.contract import TransferError
-from lmcache_platforms.layout import load_layout_spec, plan
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools.fixtures import plan
 
 GEMMA = plan(load_layout_spec("gemma3"))
 LLAMA = plan(load_layout_spec("llama"))

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from lmcache_platforms.patching.catalog import LMCACHE
+from lmcache_platforms.upstream_fixes.catalog import LMCACHE
 from tests.delivery.dockerfile import DockerfileError, check, parse, referenced_repo_files
 from tests.delivery.pins import REPO, pins, setup_constants
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes, pending_writes
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
 
 pytestmark = pytest.mark.slow
 

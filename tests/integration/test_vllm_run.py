@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("extra", [{}, {"platforms.load_mode": "async"}], ids=["default", "async"])
 def test_second_run_hits_lmcache_and_matches(extra):
-    from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
+    from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
 
     model = ensure_model(TINY_MODEL)
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}

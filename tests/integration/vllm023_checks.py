@@ -84,7 +84,7 @@ def activation() -> dict[str, Any]:
     report = {p["target"]: p["state"] for p in state.registry.report()}
     assert all(s in ("applied", "not applicable") for s in report.values()), report
     assert report["vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector"] == \
-        "not applicable"  # vllm-ascend is not installed here; tests/patching/test_catalog.py covers it
+        "not applicable"  # vllm-ascend is not installed here; tests/upstream_fixes/test_catalog.py covers it
     import lmcache.integration.vllm.vllm_v1_adapter as adapter
 
     assert adapter.LMCacheConnectorV1Impl.__module__ == "lmcache_platforms.integration.vllm.engine_impl"

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
-from lmcache_platforms.layout.files import example_names, load_layout_spec, materialize
+from lmcache_platforms.layout.files import example_names, load_layout_spec
 from lmcache_platforms.layout.slots import rows_for_tokens
+from lmcache_platforms.tools.fixtures import materialize
 from tests.kernels.checks import assert_load_matches_torch, assert_store_matches_torch, interpreter
 from tests.layout.strategies import block_table, layout_specs
 

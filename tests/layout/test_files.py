@@ -10,17 +10,10 @@ import torch
 from hypothesis import given, settings
 
 from lmcache_platforms.layout import LayoutError
-from lmcache_platforms.layout.files import (
-    example_names,
-    example_path,
-    load_layout_spec,
-    materialize,
-    materialize_tensors,
-    plan,
-    save_layout_spec,
-)
+from lmcache_platforms.layout.files import example_names, example_path, load_layout_spec, save_layout_spec
 from lmcache_platforms.layout.spec import LayoutSpec
 from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, planes_from_tensor
+from lmcache_platforms.tools.fixtures import materialize, materialize_tensors, plan
 from tests.layout.strategies import layout_specs
 
 BENCH = ("deepseek-v4", "llama8b")

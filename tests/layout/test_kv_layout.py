@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 
 from lmcache_platforms.layout import LayoutError
-from lmcache_platforms.layout.files import materialize, plan
 from lmcache_platforms.layout.groups import KVGroup, is_saved, saved_indices
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
 from lmcache_platforms.layout.slots import chunk_slots, physical_rows_per_chunk
 from lmcache_platforms.layout.spec import LayoutSpec
 from lmcache_platforms.layout.tensors import TensorLayout, planes_from_tensor
+from lmcache_platforms.tools.fixtures import materialize, plan
 from tests.layout.strategies import layout_specs
 
 SETTINGS = settings(max_examples=40, deadline=None)

@@ -23,15 +23,16 @@ import pytest
 import torch
 
 from lmcache_platforms.connector import binding as binding_module
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.kernels.contract import Direction
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.platforms import cpu as cpu_platform
 from lmcache_platforms.platforms import npu as npu_platform
 from lmcache_platforms.platforms import xpu as xpu_platform
 from lmcache_platforms.platforms.base import Platform
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
 from tests.platforms.fake_runtime import Entry, FakeDeviceRuntime, FakeStream
 
 pytestmark = pytest.mark.slow

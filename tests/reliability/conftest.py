@@ -33,7 +33,7 @@ def failed_loads(log: list[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def model() -> Path:
-    from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
+    from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
 
     return ensure_model(TINY_MODEL)
 

@@ -15,8 +15,9 @@ import msgspec
 import pytest
 import zmq
 
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions
+from lmcache_platforms.tools.fixtures import materialize
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +73,7 @@ def test_closing_the_offload_server_logs_no_error(engine: LayoutEngine, logged: 
                                                   capfd: pytest.CaptureFixture[str]) -> None:
     """LMCache's loop logs through a logger it (re)configures when its thread starts, so its lines are read from
     the process's output."""
-    from lmcache_platforms.integration.vllm.offload_server import SafeCloseOffloadServer
+    from lmcache_platforms.upstream_fixes.offload_server import SafeCloseOffloadServer
 
     server = SafeCloseOffloadServer(engine.engine, tp_rank=0)
     server.close()
@@ -86,7 +87,7 @@ def test_malformed_and_failing_requests_are_answered_and_the_server_keeps_servin
         engine: LayoutEngine, logged: _Collect) -> None:
     from lmcache.v1.offload_server.message import OffloadMsg
 
-    from lmcache_platforms.integration.vllm.offload_server import SafeCloseOffloadServer
+    from lmcache_platforms.upstream_fixes.offload_server import SafeCloseOffloadServer
 
     server = SafeCloseOffloadServer(engine.engine, tp_rank=0)
     try:

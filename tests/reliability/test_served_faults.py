@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from lmcache_platforms.demo.client import hit_counters, token_id
-from lmcache_platforms.demo.model import TINY_MODEL
-from lmcache_platforms.demo.runners import Resources
-from lmcache_platforms.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR
-from lmcache_platforms.demo.server import VllmServer
-from lmcache_platforms.demo.server_pass import serve_args
+from lmcache_platforms.tools.demo.client import hit_counters, token_id
+from lmcache_platforms.tools.demo.model import TINY_MODEL
+from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR
+from lmcache_platforms.tools.demo.server import VllmServer
+from lmcache_platforms.tools.demo.server_pass import serve_args
 from tests.reliability.conftest import SHORT_LOAD
 from tests.reliability.fault_run import MAX_TOKENS, prompt
 from tests.serving.processes import processes_mentioning

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_platforms.connector import roundtrip
-from lmcache_platforms.connector.engine import LayoutEngine, StorageOptions, cache_size_gib
-from lmcache_platforms.layout import load_layout_spec, materialize
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
 
 pytestmark = [pytest.mark.slow]
 
@@ -152,10 +153,10 @@ def test_a_server_with_a_stuck_remote_store_answers_every_request_promptly(
     """Before the lookup bound, every request waited for LMCache's lookup client to give up (3 s), and the
     whole engine with it; now one lookup waits ``remote_lookup_timeout_s`` (1 s) and the next ones skip the
     store."""
-    from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
-    from lmcache_platforms.demo.runners import Resources
-    from lmcache_platforms.demo.scenario import OUR_CONNECTOR
-    from lmcache_platforms.demo.server import VllmServer
+    from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+    from lmcache_platforms.tools.demo.runners import Resources
+    from lmcache_platforms.tools.demo.scenario import OUR_CONNECTOR
+    from lmcache_platforms.tools.demo.server import VllmServer
     from lmcache_platforms.tools.soak import SoakOptions, documents_of, openai_client, soak_serve_args, stream_one
 
     config = tmp_path / "lmcache.yaml"

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_platforms.demo.client import Sampling, run_requests
-from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
-from lmcache_platforms.demo.report import expected_hit_tokens
-from lmcache_platforms.demo.runners import Resources, base_env
-from lmcache_platforms.demo.scenario import lmcache_yaml
-from lmcache_platforms.demo.server import VllmServer
-from lmcache_platforms.demo.tokenizer import text_of
-from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
+from lmcache_platforms.tools.demo.client import Sampling, run_requests
+from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+from lmcache_platforms.tools.demo.report import expected_hit_tokens
+from lmcache_platforms.tools.demo.runners import Resources, base_env
+from lmcache_platforms.tools.demo.scenario import lmcache_yaml
+from lmcache_platforms.tools.demo.server import VllmServer
+from lmcache_platforms.tools.demo.tokenizer import text_of
+from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload
 from tests.serving.processes import processes_mentioning
 
 pytestmark = pytest.mark.slow

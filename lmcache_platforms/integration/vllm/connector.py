@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from lmcache_platforms.activation import ensure_patched
+from lmcache_platforms.integration.vllm.readiness import ensure_ready
 
 if TYPE_CHECKING:
     from vllm.config.kv_transfer import KVTransferConfig
@@ -73,7 +73,7 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         impl_class = _impl_class()
-        ensure_patched()
+        ensure_ready()
         self._impl = impl_class(vllm_config, role, self)
         self._shut_down = False
         _shut_down_before_threads_are_joined(self)

@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.chunk_format import paged_format
+from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard, LoadResults
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
@@ -186,7 +187,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         lookup. Upstream's connector (lmcache_platforms not activated) can only serve a single group."""
         engine = self.lmcache_engine
         connector = engine.gpu_connector
-        if not hasattr(connector, "bind"):
+        if not isinstance(connector, LayoutConnector):
             if self.plan.multi_group:
                 raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, which moves one KV "
                                    f"group only; this model has several ({self.plan.describe()}). Is "
@@ -351,7 +352,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     def _binding(self) -> Any:
         """Our GPU connector's binding (None in degraded mode, with upstream's connector, or before binding)."""
         connector = getattr(self.lmcache_engine, "gpu_connector", None)
-        return getattr(connector, "binding", None)
+        return connector.binding if isinstance(connector, LayoutConnector) else None
 
     def unregister_kv_caches(self) -> None:
         """Before sleep mode unmaps the KV memory: from here on no store or load touches the KV tensors (saves
@@ -393,7 +394,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         listed = "; ".join(f"layer {name!r}: {how}" for name, how in list(moved.items())[:4])
         engine = self.lmcache_engine
         connector = getattr(engine, "gpu_connector", None)
-        if self.layout is None or not hasattr(connector, "bind"):
+        if self.layout is None or not isinstance(connector, LayoutConnector):
             if engine is not None and self.plan.saved and connector is not None:
                 raise KVCacheMovedError(f"KV caches moved during vLLM sleep mode ({listed}); LMCache's GPU "
                                         f"connector {type(connector).__name__} cannot be rebound, so transfers "

@@ -1,7 +1,7 @@
 """The check that a catalog patch really replaces what upstream callers use, for one patch.
 
-``tests/patching/test_catalog.py`` runs it in its own process for patches whose modules the venv has, and in
-a subprocess (``python -m tests.patching.catalog_check TARGET``) for the ones that need a module the CPU venv
+``tests/upstream_fixes/test_catalog.py`` runs it in its own process for patches whose modules the venv has, and in
+a subprocess (``python -m tests.upstream_fixes.catalog_check TARGET``) for the ones that need a module the CPU venv
 lacks by design, put on the path from its pinned source tree: vllm-ascend for the guard on vLLM's
 ``KVConnectorFactory.register_connector``. There it also runs vllm-ascend's own connector registration after
 ours, which is what the guard is for. Prints one JSON line; a failed check exits non-zero.
@@ -63,7 +63,7 @@ def ascend_plugin_after_ours() -> dict[str, Any]:
 
 def main(target: str) -> None:
     import lmcache_platforms
-    from lmcache_platforms.patching.catalog import PATCHES
+    from lmcache_platforms.upstream_fixes.catalog import PATCHES
 
     (patch,) = [p for p in PATCHES if p.target == target]
     registry = lmcache_platforms.activate().registry

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_platforms.demo.runners import (
+from lmcache_platforms.tools.demo.runners import (
     LMCacheServer,
     PassFailed,
     PassRunner,
@@ -17,7 +17,7 @@ from lmcache_platforms.demo.runners import (
 )
 from tests.serving.processes import processes_mentioning
 
-STUB = "tests.demo.stub_pass"
+STUB = "tests.tools.demo.stub_pass"
 
 
 def _runner(tmp_path: Path, messages: list[str], timeout_s: float = 60.0) -> PassRunner:

@@ -23,8 +23,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from lmcache_platforms.connector.remote_close import backend_settings
 from lmcache_platforms.log import init_logger
+from lmcache_platforms.upstream_fixes.remote_close import backend_settings
 
 logger = init_logger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lmcache_platforms.demo.tokenizer import WORD_TOKENIZER, save_word_tokenizer
+from lmcache_platforms.tools.demo.tokenizer import WORD_TOKENIZER, save_word_tokenizer
 
 DONE_MARKER = ".lmcache_platforms_model.json"
 

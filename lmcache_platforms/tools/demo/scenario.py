@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.demo.client import Sampling
-from lmcache_platforms.demo.model import MODELS, ModelSpec, ensure_model
-from lmcache_platforms.demo.runners import LMCacheServer, PassFailed, Resources
-from lmcache_platforms.demo.server import require_vllm_command
-from lmcache_platforms.demo.server_pass import ServerPassRunner, serve_args
-from lmcache_platforms.demo.workload import WORKLOADS, Request, WorkloadSpec, build_workload, warmup_request
+from lmcache_platforms.tools.demo.client import Sampling
+from lmcache_platforms.tools.demo.model import MODELS, ModelSpec, ensure_model
+from lmcache_platforms.tools.demo.runners import LMCacheServer, PassFailed, Resources
+from lmcache_platforms.tools.demo.server import require_vllm_command
+from lmcache_platforms.tools.demo.server_pass import ServerPassRunner, serve_args
+from lmcache_platforms.tools.demo.workload import WORKLOADS, Request, WorkloadSpec, build_workload, warmup_request
 
 OUR_CONNECTOR = "LMCachePlatformsConnector"
 UPSTREAM_CONNECTOR = "LMCacheConnectorV1"

@@ -1,4 +1,7 @@
-"""The one list of every upstream symbol lmcache_platforms replaces. Nothing is patched anywhere else."""
+"""The one list of every upstream symbol lmcache_platforms replaces. Nothing is patched anywhere else.
+
+Replacements are named as ``module:attr`` strings: most of their modules import LMCache or vLLM, which must not
+be imported before the patched module is (``patching.registry`` resolves them then)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         target="lmcache.v1.offload_server.zmq_server:ZMQOffloadServer",
-        replacement="lmcache_platforms.integration.vllm.offload_server:SafeCloseOffloadServer",
+        replacement="lmcache_platforms.upstream_fixes.offload_server:SafeCloseOffloadServer",
         versions=LMCACHE,
         stale_copies=("lmcache.integration.vllm.vllm_service_factory", "lmcache.v1.manager"),
         requires=("vllm",),
@@ -41,14 +44,14 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         target="lmcache.v1.storage_backend.job_executor.pq_executor:AsyncPQExecutor.shutdown",
-        replacement="lmcache_platforms.connector.remote_close:pq_executor_shutdown",
+        replacement="lmcache_platforms.upstream_fixes.remote_close:pq_executor_shutdown",
         versions=LMCACHE,
         why="remote backends (Redis, S3, ...) await shutdown() from their executor's own loop while it blocks on "
             "that loop, so destroying an engine with a remote_url hangs for ever",
     ),
     Patch(
         target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.close",
-        replacement="lmcache_platforms.connector.remote_close:wrap_remote_close",
+        replacement="lmcache_platforms.upstream_fixes.remote_close:wrap_remote_close",
         versions=LMCACHE,
         wrapper=True,
         why="a connector's close drains its job queue after LMCache's executor cancelled the workers, so with a "
@@ -57,7 +60,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.contains",
-        replacement="lmcache_platforms.connector.remote_lookup:wrap_remote_contains",
+        replacement="lmcache_platforms.upstream_fixes.remote_lookup:wrap_remote_contains",
         versions=LMCACHE,
         wrapper=True,
         why="upstream waits for the remote store's answer without a limit; the scheduler's lookup client gives up "
@@ -66,14 +69,14 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.batched_contains",
-        replacement="lmcache_platforms.connector.remote_lookup:wrap_remote_batched_contains",
+        replacement="lmcache_platforms.upstream_fixes.remote_lookup:wrap_remote_batched_contains",
         versions=LMCACHE,
         wrapper=True,
         why="the batched form of the same unbounded wait (connectors with a batched exists, e.g. RESP)",
     ),
     Patch(
         target="lmcache.v1.storage_backend.local_disk_backend:LocalDiskBackend.read_file",
-        replacement="lmcache_platforms.connector.disk_reads:checked_read_file",
+        replacement="lmcache_platforms.upstream_fixes.disk_reads:checked_read_file",
         versions=LMCACHE,
         wrapper=True,
         why="upstream never checks how many bytes a chunk's file gave: a file cut short (or, on the single-chunk "
@@ -81,14 +84,14 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         target="lmcache.v1.storage_backend.local_disk_backend:LocalDiskBackend.load_bytes_from_disk",
-        replacement="lmcache_platforms.connector.disk_reads:load_bytes_from_disk",
+        replacement="lmcache_platforms.upstream_fixes.disk_reads:load_bytes_from_disk",
         versions=LMCACHE,
         why="the single-chunk disk read (get_blocking) must turn a chunk file that cannot be its bytes into a "
             "miss that frees its buffer, as upstream's batched read already does",
     ),
     Patch(
         target="lmcache.v1.storage_backend.connector.redis_connector:RedisConnector._get",
-        replacement="lmcache_platforms.connector.redis_reads:redis_get",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:redis_get",
         versions=LMCACHE,
         requires=("redis",),
         why="a Redis value of the wrong length (truncated, overwritten) made upstream's copy raise after it had "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 Progress = Callable[[str], None]
-ENGINE_PASS_MODULE = "lmcache_platforms.demo.engine_pass"
+ENGINE_PASS_MODULE = "lmcache_platforms.tools.demo.engine_pass"
 
 
 class PassFailed(RuntimeError):

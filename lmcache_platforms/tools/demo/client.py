@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from lmcache_platforms.demo.server import http_get
+from lmcache_platforms.tools.demo.server import http_get
 
 HIT_COUNTERS = {"lmcache": "vllm:external_prefix_cache_hits_total", "vllm": "vllm:prefix_cache_hits_total"}
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)$")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from lmcache.v1.storage_backend.job_executor.pq_executor import AsyncPQExecutor
 
-from lmcache_platforms.connector.remote_close import pq_executor_shutdown
+from lmcache_platforms.upstream_fixes.remote_close import pq_executor_shutdown
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmcache_platforms.demo.model import TINY_MODEL
-from lmcache_platforms.demo.report import expected_hit_tokens, problems, render, summary
-from lmcache_platforms.demo.runners import Resources
-from lmcache_platforms.demo.scenario import DemoOptions, DemoRun, Outcome
-from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
+from lmcache_platforms.tools.demo.model import TINY_MODEL
+from lmcache_platforms.tools.demo.report import expected_hit_tokens, problems, render, summary
+from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.scenario import DemoOptions, DemoRun, Outcome
+from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload
 
 GROUPS = [{"spec": "SlidingWindowSpec", "block_size": 32}, {"spec": "FullAttentionSpec", "block_size": 32}]
 

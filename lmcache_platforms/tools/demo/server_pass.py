@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.demo.client import Sampling, run_requests
-from lmcache_platforms.demo.runners import Resources, log_warnings
-from lmcache_platforms.demo.server import VllmServer
-from lmcache_platforms.demo.tokenizer import text_of
-from lmcache_platforms.demo.workload import Request
+from lmcache_platforms.tools.demo.client import Sampling, run_requests
+from lmcache_platforms.tools.demo.runners import Resources, log_warnings
+from lmcache_platforms.tools.demo.server import VllmServer
+from lmcache_platforms.tools.demo.tokenizer import text_of
+from lmcache_platforms.tools.demo.workload import Request
 
 # vLLM's own line naming the KV-cache groups it made, and ours naming their spec classes.
 _VLLM_GROUPS = re.compile(r"kv cache group sizes \(([^)]*)\)")

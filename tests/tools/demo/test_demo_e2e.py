@@ -11,13 +11,19 @@ from typing import Any
 
 import pytest
 
-from lmcache_platforms.demo.client import Sampling
-from lmcache_platforms.demo.engine_pass import pass_spec
-from lmcache_platforms.demo.identity import compare
-from lmcache_platforms.demo.model import TINY_MODEL, ensure_model
-from lmcache_platforms.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS, expected_hit_tokens, problems, render, summary
-from lmcache_platforms.demo.runners import PassFailed, PassRunner, Resources
-from lmcache_platforms.demo.scenario import (
+from lmcache_platforms.tools.demo.client import Sampling
+from lmcache_platforms.tools.demo.engine_pass import pass_spec
+from lmcache_platforms.tools.demo.identity import compare
+from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+from lmcache_platforms.tools.demo.report import (
+    MAX_LOGIT_DRIFT_BF16_STEPS,
+    expected_hit_tokens,
+    problems,
+    render,
+    summary,
+)
+from lmcache_platforms.tools.demo.runners import PassFailed, PassRunner, Resources
+from lmcache_platforms.tools.demo.scenario import (
     BLOCK_SIZE,
     OUR_CONNECTOR,
     TOP_LOGITS,
@@ -28,8 +34,8 @@ from lmcache_platforms.demo.scenario import (
     lmcache_yaml,
     run_demo,
 )
-from lmcache_platforms.demo.server_pass import ServerPassRunner, serve_args
-from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload, warmup_request
+from lmcache_platforms.tools.demo.server_pass import ServerPassRunner, serve_args
+from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload, warmup_request
 from tests.faults.install import faulty_env, install_faulty_backend
 from tests.serving.processes import processes_mentioning
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_platforms.demo.model import MODELS
-from lmcache_platforms.demo.workload import (
+from lmcache_platforms.tools.demo.model import MODELS
+from lmcache_platforms.tools.demo.workload import (
     DEMO_WORKLOAD,
     FIRST_ORDINARY_TOKEN,
     WORKLOADS,

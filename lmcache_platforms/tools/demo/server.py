@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.demo.runners import PassFailed, Resources, base_env, failure, free_port, kill_group
+from lmcache_platforms.tools.demo.runners import PassFailed, Resources, base_env, failure, free_port, kill_group
 
 
 def vllm_command() -> str:

@@ -1,5 +1,5 @@
 """One in-process engine pass (vLLM's ``LLM`` class, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), run as its own process:
-``python -m lmcache_platforms.demo.engine_pass SPEC.json OUT.json``. The demo itself goes through ``vllm serve``
+``python -m lmcache_platforms.tools.demo.engine_pass SPEC.json OUT.json``. The demo itself goes through ``vllm serve``
 (``server_pass``); this is the other way users run vLLM, and the tests drive it with the same workload.
 
 Each pass builds a fresh vLLM engine, serves the workload one request at a time (so each TTFT is one request's
@@ -18,9 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.demo.model import ModelSpec
-from lmcache_platforms.demo.scenario import BLOCK_SIZE, TOP_LOGITS
-from lmcache_platforms.demo.workload import Request, WorkloadSpec, warmup_request
+from lmcache_platforms.tools.demo.model import ModelSpec
+from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, TOP_LOGITS
+from lmcache_platforms.tools.demo.workload import Request, WorkloadSpec, warmup_request
 
 HIT_COUNTERS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits"}
 

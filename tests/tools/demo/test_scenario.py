@@ -7,10 +7,10 @@ from urllib.parse import urlparse
 
 import yaml
 
-from lmcache_platforms.demo.engine_pass import pass_spec
-from lmcache_platforms.demo.model import TINY_MODEL
-from lmcache_platforms.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config, lmcache_yaml
-from lmcache_platforms.demo.workload import TINY_WORKLOAD, build_workload
+from lmcache_platforms.tools.demo.engine_pass import pass_spec
+from lmcache_platforms.tools.demo.model import TINY_MODEL
+from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config, lmcache_yaml
+from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload
 
 
 def test_lmcache_config_is_a_local_cpu_cache_over_a_file_store(tmp_path: Path) -> None:

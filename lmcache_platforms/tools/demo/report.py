@@ -5,8 +5,8 @@ from __future__ import annotations
 from statistics import mean, median
 from typing import Any
 
-from lmcache_platforms.demo.identity import Verdict, compare
-from lmcache_platforms.demo.scenario import DemoRun, Outcome
+from lmcache_platforms.tools.demo.identity import Verdict, compare
+from lmcache_platforms.tools.demo.scenario import DemoRun, Outcome
 
 # How far a warm pass's top-k logits may move from the cold pass's. Reused KV is a bit-exact copy, but the warm
 # prefill runs only the prompt's tail, in other shapes, so the last bits of a logit may differ; a bad load (a

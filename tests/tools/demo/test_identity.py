@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcache_platforms.demo.identity import bf16_step, compare
+from lmcache_platforms.tools.demo.identity import bf16_step, compare
 
 
 def _result(tokens: list[int], steps: list[dict[int, float]]) -> dict:

@@ -1,0 +1,23 @@
+"""``LayoutConnector``: what the vLLM integration calls on LMCache's GPU connector when that connector is ours.
+
+The integration reaches the connector through LMCache's engine (``engine.gpu_connector``), typed there as
+upstream's interface. Ours (paged and layerwise) also take the KV caches' layout at ``bind`` and keep what it
+made as ``binding`` (key tags, release and reacquire around vLLM's sleep mode, transfer counters); upstream's
+move one group and have neither, which ``isinstance(connector, LayoutConnector)`` tells apart.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from lmcache_platforms.connector.binding import LayoutBinding
+from lmcache_platforms.layout.kv_layout import KVLayout
+
+
+@runtime_checkable
+class LayoutConnector(Protocol):
+    """A GPU connector that moves every group of a bound ``KVLayout``; ``binding`` is None until ``bind``."""
+
+    binding: LayoutBinding | None
+
+    def bind(self, layout: KVLayout) -> None: ...
