@@ -49,6 +49,9 @@ class TransferCounters:
 
     chunks_stored: int = 0
     chunks_loaded: int = 0
+    # MemoryObj bytes written by stores and read by loads (padding included): what the tiers hold and serve.
+    bytes_stored: int = 0
+    bytes_loaded: int = 0
     launches: int = 0
     backends: set[str] = field(default_factory=set)
 

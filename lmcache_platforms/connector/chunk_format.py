@@ -79,12 +79,15 @@ def _padded_elements(nbytes: int, chunk_size: int, dtype: torch.dtype) -> int:
     return -(-max(nbytes, 1) // unit) * chunk_size
 
 
-def paged_format(layout: KVLayout) -> ChunkFormat:
-    """Every transfer group of the layout in one uint8 ``[1, 1, chunk_size, n]`` tensor.
+def paged_format(layout: KVLayout, transfer_groups: Sequence[int] | None = None) -> ChunkFormat:
+    """Every transfer group of the layout (or those of one chunk part) in one uint8 ``[1, 1, chunk_size, n]``
+    tensor.
 
     The shape reads as LMCache's KV_2LTD (token dimension 2) so its helpers count ``chunk_size`` tokens.
     """
-    launches = _launches([(tg, tg.planes) for tg in layout.transfer_groups])
+    chosen = layout.transfer_groups if transfer_groups is None else [layout.transfer_groups[i]
+                                                                     for i in transfer_groups]
+    launches = _launches([(tg, tg.planes) for tg in chosen])
     total = sum(launch.nbytes for launch in launches)
     elements = _padded_elements(total, layout.chunk_size, torch.uint8)
     shape = torch.Size([1, 1, layout.chunk_size, elements // layout.chunk_size])

@@ -11,12 +11,14 @@ every chunk each part needs for it is present (``longest_hit``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.kv_layout import KVLayout
+
+Presence = Sequence[bool] | Callable[[int], bool]
 
 
 @dataclass(frozen=True)
@@ -79,24 +81,27 @@ def needed_chunks(reach: int | None, hit_tokens: int, chunk_size: int) -> list[i
     return [i for i, end in enumerate(chunk_ends(hit_tokens, chunk_size)) if needs_chunk(reach, end, hit_tokens)]
 
 
-def longest_hit(present: Sequence[tuple[int | None, Sequence[bool]]], ends: Sequence[int]) -> int:
+def longest_hit(present: Sequence[tuple[int | None, Presence]], ends: Sequence[int]) -> int:
     """The longest hit whose every needed chunk is present: the largest chunk end ``n`` such that, for every
-    part (its reach, and whether its object of each chunk is present), each chunk it needs for ``n`` is there;
-    0 when none is. A chunk present in one part only never makes a hit by itself."""
-    missing_before = []  # per part: how many of its chunks [0, i) are missing, for i in 0..len(ends)
-    for _, flags in present:
-        if len(flags) != len(ends):
-            raise LayoutError(f"presence of {len(flags)} chunks given for {len(ends)} chunks")
-        counts = [0]
-        for ok in flags:
-            counts.append(counts[-1] + (not ok))
-        missing_before.append(counts)
-    for last in range(len(ends) - 1, -1, -1):
-        hit = ends[last]
-        if all(counts[last + 1] == counts[_first_needed(reach, ends, last)]
-               for (reach, _), counts in zip(present, missing_before, strict=True)):
-            return hit
+    part (its reach, and whether its object of chunk ``i`` is present: a list, or a function asked lazily,
+    from the last chunks back), each chunk it needs for ``n`` is there; 0 when none is. A chunk present in one
+    part only never makes a hit by itself."""
+    has = [flags if callable(flags) else _checked(flags, len(ends)).__getitem__ for _, flags in present]
+    limit = len(ends)
+    for (reach, _), ok in zip(present, has, strict=True):
+        if reach is None:  # needs every chunk: the hit ends within the present prefix
+            limit = next((i for i in range(limit) if not ok(i)), limit)
+    for last in range(limit - 1, -1, -1):
+        if all(ok(i) for (reach, _), ok in zip(present, has, strict=True) if reach is not None
+               for i in range(_first_needed(reach, ends, last), last + 1)):
+            return ends[last]
     return 0
+
+
+def _checked(flags: Sequence[bool], count: int) -> Sequence[bool]:
+    if len(flags) != count:
+        raise LayoutError(f"presence of {len(flags)} chunks given for {count} chunks")
+    return flags
 
 
 def _first_needed(reach: int | None, ends: Sequence[int], last: int) -> int:
