@@ -3,7 +3,7 @@
 A chunk's MemoryObj is ONE tensor (not one per transfer group): LMCache 0.5.6's local disk backend keeps
 only the first shape/dtype of a multi-tensor object (``.tensor`` even raises for one), so a multi-tensor
 chunk could not be written to disk. Every launch owns a byte range of that tensor instead; all groups of a
-chunk live and die together under one key, so a hit is all-or-nothing across groups.
+chunk (or of one chunk part, ``connector.parts``) live and die together under one key.
 
 The byte count is padded to a multiple of ``chunk_size`` elements because LMCache's remote connectors
 assert that a full chunk divides into whole "tokens"; the padding is never read.

@@ -73,6 +73,10 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                                 "by connector.parts.install_parts")
         return self.part_formats[index]
 
+    def _counts_chunks(self) -> bool:
+        """Chunks are counted once, when their widest part (the first) moves; bytes for every part."""
+        return not self.parts or current_part() == 0
+
     def get_shape(self, num_tokens: int) -> torch.Size:
         return self._format().shape
 
@@ -94,7 +98,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             for host, start, end in zip(hosts, starts, ends, strict=True):
                 binding.store(fmt, host, block_ids, start, end)
         binding.streams.finish_store()
-        binding.counters.chunks_stored += len(hosts)
+        binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
 
     def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs) -> None:
@@ -112,7 +116,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                 for host, start, end in zip(hosts, starts, ends, strict=True):
                     binding.load(fmt, host, block_ids, start, end)
             binding.streams.finish_load()
-            binding.counters.chunks_loaded += len(hosts)
+            binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
             binding.counters.bytes_loaded += len(hosts) * fmt.nbytes
 
         run_guarded(kwargs, write)

@@ -103,8 +103,12 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
                                kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
                 return torch.zeros(num_tokens, dtype=torch.bool)
     for part, part_mask, configs in calls:
+        # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
+        # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to a
+        # chunk boundary), whose window or snapshot objects the lookup did not pin and may lie in another tier.
+        call = {**kwargs, "request_configs": configs, "req_id": f"{kwargs.get('req_id')}/{part.name}"}
         with active_part(part.index):
-            got = original(tokens, part_mask, **{**kwargs, "request_configs": configs})
+            got = original(tokens, part_mask, **call)
         if bool((part_mask & ~got.to("cpu", torch.bool)).any()):
             logger.warning("request %s: part %s of a %d-token hit came back short: the load reports no token",
                            kwargs.get("req_id"), part.name, num_tokens)
