@@ -17,6 +17,7 @@ from typing import Any
 
 MODES = ("bundled", "exploded")
 LOAD_MODES = ("async", "sync")
+CHUNK_PARTS = ("window", "whole")
 SETTINGS_PREFIX = "platforms."
 
 
@@ -53,6 +54,9 @@ SETTINGS: tuple[Setting, ...] = (
             "at shutdown, chunk writes still in flight to disk or remote stores are waited for this long"),
     Setting("platforms.remote_close_timeout_s", "LMCACHE_PLATFORMS_REMOTE_CLOSE_TIMEOUT_S", 5.0,
             "at shutdown, closing the remote store's connection is waited for this long (0: for ever)"),
+    Setting("platforms.chunk_parts", "LMCACHE_PLATFORMS_CHUNK_PARTS", "window",
+            "window: window and snapshot groups get their own object per chunk, so a load reads only the chunks "
+            "their window needs; whole: one object per chunk"),
 )
 
 
@@ -92,6 +96,7 @@ class PlatformSettings:
     remote_retry_s: float = 30.0
     drain_timeout_s: float = 30.0
     remote_close_timeout_s: float = 5.0
+    chunk_parts: str = "window"
 
     @classmethod
     def load(
@@ -112,7 +117,7 @@ class PlatformSettings:
             else:
                 raw = environ.get(setting.env, extra.get(setting.key, setting.default))
             values[field.name] = _convert(setting.key, field.default, raw)
-        for key, allowed in (("mode", MODES), ("load_mode", LOAD_MODES)):
+        for key, allowed in (("mode", MODES), ("load_mode", LOAD_MODES), ("chunk_parts", CHUNK_PARTS)):
             if values[key] not in allowed:
                 raise ValueError(f"platforms.{key} must be one of {', '.join(allowed)}, got {values[key]!r}")
         return cls(**values)

@@ -47,8 +47,12 @@ def memory_obj_bytes(memory_obj, fmt: ChunkFormat, start: int, end: int) -> torc
 class TransferCounters:
     """What went through the connector (selftest and tests read it)."""
 
+    # Chunks (one count per chunk whatever its number of parts).
     chunks_stored: int = 0
     chunks_loaded: int = 0
+    # MemoryObj bytes written by stores and read by loads (padding included): what the tiers hold and serve.
+    bytes_stored: int = 0
+    bytes_loaded: int = 0
     launches: int = 0
     backends: set[str] = field(default_factory=set)
 

@@ -3,7 +3,7 @@
 A chunk's MemoryObj is ONE tensor (not one per transfer group): LMCache 0.5.6's local disk backend keeps
 only the first shape/dtype of a multi-tensor object (``.tensor`` even raises for one), so a multi-tensor
 chunk could not be written to disk. Every launch owns a byte range of that tensor instead; all groups of a
-chunk live and die together under one key, so a hit is all-or-nothing across groups.
+chunk (or of one chunk part, ``connector.parts``) live and die together under one key.
 
 The byte count is padded to a multiple of ``chunk_size`` elements because LMCache's remote connectors
 assert that a full chunk divides into whole "tokens"; the padding is never read.
@@ -78,12 +78,15 @@ def _padded_elements(nbytes: int, chunk_size: int, dtype: torch.dtype) -> int:
     return -(-max(nbytes, 1) // unit) * chunk_size
 
 
-def paged_format(layout: KVLayout) -> ChunkFormat:
-    """Every transfer group of the layout in one uint8 ``[1, 1, chunk_size, n]`` tensor.
+def paged_format(layout: KVLayout, transfer_groups: Sequence[int] | None = None) -> ChunkFormat:
+    """Every transfer group of the layout (or those of one chunk part) in one uint8 ``[1, 1, chunk_size, n]``
+    tensor.
 
     The shape reads as LMCache's KV_2LTD (token dimension 2) so its helpers count ``chunk_size`` tokens.
     """
-    launches = _launches([(tg, tg.planes) for tg in layout.transfer_groups])
+    chosen = layout.transfer_groups if transfer_groups is None else [layout.transfer_groups[i]
+                                                                     for i in transfer_groups]
+    launches = _launches([(tg, tg.planes) for tg in chosen])
     total = sum(launch.nbytes for launch in launches)
     elements = _padded_elements(total, layout.chunk_size, torch.uint8)
     shape = torch.Size([1, 1, layout.chunk_size, elements // layout.chunk_size])

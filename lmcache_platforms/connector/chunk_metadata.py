@@ -10,20 +10,25 @@ leaves rows unused. ``kv_shape`` and ``kv_dtype`` stay untouched because they ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from lmcache_platforms.connector.chunk_format import ChunkFormat
+from lmcache_platforms.connector.parts import current_part
 
 _OVERRIDES = ("get_shapes", "get_dtypes", "get_num_groups")
 
 
-def describe_chunks(metadata: Any, fmt: ChunkFormat) -> None:
-    """From now on ``metadata`` reports ``fmt``'s single-tensor shape and dtype for every chunk."""
+def describe_chunks(metadata: Any, fmt: ChunkFormat, parts: Sequence[ChunkFormat] = ()) -> None:
+    """From now on ``metadata`` reports ``fmt``'s single-tensor shape and dtype for every chunk; with chunk
+    ``parts``, the shape of the part being moved (``connector.parts.active_part``), and ``fmt``'s outside one
+    (what the remote tiers see when they are created)."""
 
     def get_shapes(num_tokens: int | None = None) -> list[torch.Size]:
-        return [fmt.shape]
+        index = current_part()
+        return [fmt.shape if index is None or not parts else parts[index].shape]
 
     def get_dtypes() -> list[torch.dtype]:
         return [fmt.dtype]

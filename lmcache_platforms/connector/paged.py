@@ -1,4 +1,5 @@
-"""LMCache GPU connector for any KV layout: every transfer group of a chunk in one MemoryObj.
+"""LMCache GPU connector for any KV layout: every transfer group of a chunk in one MemoryObj, or (``split``)
+one MemoryObj per chunk part (``connector.parts``).
 
 Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``); rows per chunk
 come from the layout (sliding-window tails, compressed rows), never from the token count. The kwargs it
@@ -16,8 +17,11 @@ from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
+from lmcache_platforms.connector.parts import current_part
 from lmcache_platforms.connector.request import block_ids_from, check_chunk, run_guarded
+from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.layout.parts import ChunkPart, chunk_parts
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
@@ -31,25 +35,50 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         self.kernel_backend = kernel_backend
         self.binding: LayoutBinding | None = None
         self.fmt: ChunkFormat | None = None
+        self.parts: tuple[ChunkPart, ...] = ()
+        self.part_formats: tuple[ChunkFormat, ...] = ()
         self.kvcaches = None
 
-    def bind(self, layout: KVLayout) -> None:
-        """Attach the KV caches' layout: chunk format, kernels, streams; teach the metadata our chunk shape."""
+    def bind(self, layout: KVLayout, split: bool = False) -> None:
+        """Attach the KV caches' layout: chunk format, kernels, streams; teach the metadata our chunk shape.
+
+        With ``split``, a layout with window or snapshot groups beside full attention stores each chunk as
+        one object per part (``connector.parts``); the engine's calls must then go through ``install_parts``.
+        """
         fmt = paged_format(layout)
-        self.binding = LayoutBinding(layout, [fmt], self.kernel_backend)
-        self.fmt = fmt
+        parts = chunk_parts(layout) if split else ()
+        if len(parts) < 2:
+            parts = ()
+        part_formats = tuple(paged_format(layout, part.transfer_groups) for part in parts)
+        self.binding = LayoutBinding(layout, part_formats or [fmt], self.kernel_backend)
+        self.fmt, self.parts, self.part_formats = fmt, parts, part_formats
         if self.metadata is not None:
-            describe_chunks(self.metadata, fmt)
+            describe_chunks(self.metadata, fmt, part_formats)
         logger.info(
-            "bound layout: %d transfer groups, %d bytes per chunk (%s mode), kernels %s, key tag %s",
-            len(layout.transfer_groups), fmt.payload_bytes, layout.mode, ",".join(self.binding.backend_names),
-            self.binding.fingerprint,
+            "bound layout: %d transfer groups, %d bytes per chunk (%s mode)%s, kernels %s, key tag %s",
+            len(layout.transfer_groups), fmt.payload_bytes, layout.mode,
+            "".join(f", part {p.name} {f.payload_bytes} bytes" for p, f in zip(parts, part_formats, strict=True)),
+            ",".join(self.binding.backend_names), self.binding.fingerprint,
         )
 
-    def get_shape(self, num_tokens: int) -> torch.Size:
+    def _format(self) -> ChunkFormat:
+        """The format of what is being moved: the whole chunk, or the active part of it."""
         self._bound()
         assert self.fmt is not None
-        return self.fmt.shape
+        if not self.parts:
+            return self.fmt
+        index = current_part()
+        if index is None:
+            raise TransferError("this layout stores chunks in parts: call the engine's store/retrieve as wrapped "
+                                "by connector.parts.install_parts")
+        return self.part_formats[index]
+
+    def _counts_chunks(self) -> bool:
+        """Chunks are counted once, when their widest part (the first) moves; bytes for every part."""
+        return not self.parts or current_part() == 0
+
+    def get_shape(self, num_tokens: int) -> torch.Size:
+        return self._format().shape
 
     def from_gpu(self, memory_obj, start: int, end: int, **kwargs) -> None:
         self.batched_from_gpu([memory_obj], [start], [end], **kwargs)
@@ -60,23 +89,23 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
     def batched_from_gpu(self, memory_objs, starts, ends, **kwargs) -> None:
         """KV caches -> MemoryObjs, one chunk per object; returns once the bytes are in host memory."""
         binding = self._bound()
-        assert self.fmt is not None
+        fmt = self._format()
         block_ids = block_ids_from(kwargs, binding.layout)
         for start, end in zip(starts, ends, strict=True):
             check_chunk(binding.layout, start, end)
-        hosts = [memory_obj_bytes(m, self.fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+        hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
         with binding.streams.storing():
             for host, start, end in zip(hosts, starts, ends, strict=True):
-                binding.store(self.fmt, host, block_ids, start, end)
+                binding.store(fmt, host, block_ids, start, end)
         binding.streams.finish_store()
-        binding.counters.chunks_stored += len(hosts)
+        binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
+        binding.counters.bytes_stored += len(hosts) * fmt.nbytes
 
     def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs) -> None:
         """MemoryObjs -> KV caches; returns once the compute stream will see the rows."""
         binding = self._bound()
-        assert self.fmt is not None
+        fmt = self._format()
         block_ids = block_ids_from(kwargs, binding.layout)
-        fmt = self.fmt
 
         def write() -> None:
             # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
@@ -87,6 +116,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                 for host, start, end in zip(hosts, starts, ends, strict=True):
                     binding.load(fmt, host, block_ids, start, end)
             binding.streams.finish_load()
-            binding.counters.chunks_loaded += len(hosts)
+            binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
+            binding.counters.bytes_loaded += len(hosts) * fmt.nbytes
 
         run_guarded(kwargs, write)

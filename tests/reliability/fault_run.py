@@ -171,14 +171,20 @@ class Run:
         return sum(int(m.value) for m in self.llm.get_metrics() if m.name == "vllm:external_prefix_cache_hits")
 
     def chunk_keys(self, name: str) -> list[Any]:
-        """LMCache's keys of a prompt's whole chunks, tagged as our connector tags every store and load."""
+        """LMCache's keys of a prompt's whole chunks, tagged as our connector tags every store and load (of the
+        full-attention part, which every hit needs, when chunks are stored in parts)."""
+        from lmcache_platforms.connector.parts import part_configs
         from lmcache_platforms.integration.vllm.key_tags import with_tags
 
         impl = self.impl
         tokens = prompt(name)
         tokens = tokens[: len(tokens) // CHUNK * CHUNK]
+        configs = with_tags(None, impl._key_tags)
+        parts = impl.lmcache_engine.gpu_connector.parts
+        if parts:
+            configs = part_configs(configs, parts[0])
         return [key for _, _, key in impl.lmcache_engine.token_database.process_tokens(
-            tokens=tokens, request_configs=with_tags(None, impl._key_tags))]
+            tokens=tokens, request_configs=configs)]
 
     def generate(self, names: list[str]) -> list[dict[str, Any]]:
         """Greedy answers, in order; a request vLLM ended with an error keeps its finish reason."""

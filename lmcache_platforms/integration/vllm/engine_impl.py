@@ -34,7 +34,8 @@ from lmcache.integration.vllm.vllm_v1_adapter import (
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from lmcache_platforms.config import PlatformSettings, connector_settings
-from lmcache_platforms.connector.chunk_format import paged_format
+from lmcache_platforms.connector.chunk_format import layout_fingerprint, paged_format
+from lmcache_platforms.connector.parts import install_parts
 from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard, LoadResults
@@ -197,9 +198,16 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             return
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
-        connector.bind(self.layout)
+        connector.bind(self.layout, split=self._split_chunks())
+        if connector.parts:
+            install_parts(engine, connector.parts, self._lmcache_chunk_size)
         self._key_tags = dict(connector.binding.key_tags)
         tag_engine_lookups(engine, self._key_tags)
+
+    def _split_chunks(self) -> bool:
+        """Chunk parts (``connector.parts``) unless the setting says whole, or LMCache's async loading is on
+        (its prefetching lookup knows one key per chunk)."""
+        return self.settings.chunk_parts == "window" and not self.async_loading
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
@@ -266,6 +274,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         mask[:skipped] = False
         self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
+        binding = self._binding()
+        bytes_before = binding.counters.bytes_loaded if binding is not None else 0
         try:
             ret_mask = engine.retrieve(
                 request.token_ids[:num_tokens],
@@ -285,6 +295,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             return skipped
         missing = mask & ~ret_mask.to(device="cpu", dtype=torch.bool)
         if not bool(missing.any()):
+            if binding is not None:
+                logger.info("request %s: loaded tokens [%d, %d) from LMCache, %d bytes read", request.req_id,
+                            skipped, num_tokens, binding.counters.bytes_loaded - bytes_before)
             return None
         first = int(torch.nonzero(missing)[0])
         logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d",
@@ -409,20 +422,20 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             raise KVCacheMovedError(f"KV caches moved during vLLM sleep mode ({listed}) and their layout cannot "
                                     f"be described: {exc}; transfers stay off") from exc
         fmt = paged_format(layout)
+        now = [paged_format(layout, part.transfer_groups) for part in connector.parts] or [fmt]
         was = old_binding.formats
-        if len(was) != 1 or (fmt.fingerprint, fmt.shape, fmt.dtype) != (was[0].fingerprint, was[0].shape,
-                                                                       was[0].dtype):
+        if [(f.fingerprint, f.shape, f.dtype) for f in now] != [(f.fingerprint, f.shape, f.dtype) for f in was]:
             raise KVCacheMovedError(
                 f"KV caches moved during vLLM sleep mode ({listed}) and their chunk format changed (key tag "
-                f"{old_binding.fingerprint} -> {fmt.fingerprint}, {was[0].nbytes} -> {fmt.nbytes} bytes per "
-                "chunk): LMCache's chunk shape and keys were fixed when the caches were registered; transfers "
-                "stay off")
-        connector.bind(layout)
+                f"{old_binding.fingerprint} -> {layout_fingerprint(now)}, {sum(f.nbytes for f in was)} -> "
+                f"{sum(f.nbytes for f in now)} bytes per chunk): LMCache's chunk shape and keys were fixed when "
+                "the caches were registered; transfers stay off")
+        connector.bind(layout, split=bool(connector.parts))
         connector.binding.counters = old_binding.counters
         self.layout = layout
         self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
         logger.warning("KV caches moved during vLLM sleep mode (%s); rebound the same chunk format (key tag %s)",
-                       listed, fmt.fingerprint)
+                       listed, connector.binding.fingerprint)
 
     def shutdown(self) -> None:
         """Chunk writes still in flight to LMCache's slower tiers finish first (bounded), so a server stopped

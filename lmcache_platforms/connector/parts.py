@@ -1,0 +1,181 @@
+"""Chunks stored as parts (``layout.parts``): one MemoryObj per part per chunk, under part-qualified keys.
+
+LMCache's engine knows one object per chunk key. A layout with window or snapshot groups beside full attention
+stores each chunk as several objects instead, one per part, told apart by the ``lmcache.tag.lmcp_part``
+request config (LMCache puts ``lmcache.tag.*`` entries into its keys), so every tier (local CPU, local disk,
+remote) holds, evicts and returns them independently. ``install_parts`` wraps one engine instance's
+``store``, ``retrieve`` and ``lookup``:
+
+- ``store`` stores every part of every chunk (any chunk may end a later hit): the same bytes as one object;
+- ``lookup`` reports the longest hit for which every part holds every chunk it needs (``longest_hit``),
+  so an evicted window part of an early chunk (never read again) costs nothing, and pins exactly those
+  objects;
+- ``retrieve`` of ``n`` tokens loads the full-attention part of every chunk but a window part only for the
+  chunks its window before ``n`` touches; if any part comes back short the whole load reports nothing
+  arrived (the caller recomputes), never half a hit.
+
+LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
+key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
+connector read; the disk and remote tiers read each object's own shape back (``save_chunk_meta``, the
+default for ``fs://``; Redis always does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+
+from lmcache_platforms.layout.parts import ChunkPart, longest_hit, needed_chunks
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
+
+PART_TAG = "lmcache.tag.lmcp_part"
+_MARK = "_lmcache_platforms_parts"
+
+_active: ContextVar[int | None] = ContextVar("lmcache_platforms_chunk_part", default=None)
+
+
+@contextlib.contextmanager
+def active_part(index: int) -> Iterator[None]:
+    """LMCache calls made inside move part ``index`` (its shape, its launches)."""
+    token = _active.set(index)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def current_part() -> int | None:
+    """The part being moved in this thread, None outside ``active_part``."""
+    return _active.get()
+
+
+def part_configs(request_configs: Mapping[str, Any] | None, part: ChunkPart) -> dict[str, Any]:
+    """``request_configs`` with the part's key tag."""
+    return {**(request_configs or {}), PART_TAG: part.name}
+
+
+def install_parts(engine: Any, parts: Sequence[ChunkPart], chunk_size: int) -> None:
+    """Make ``engine``'s store, retrieve and lookup move ``parts`` (idempotent: re-installing replaces)."""
+    for name, wrapper in (("store", _store), ("retrieve", _retrieve), ("lookup", _lookup)):
+        method = getattr(engine, name)
+        original = method.__wrapped__ if hasattr(method, _MARK) else method
+        call = functools.wraps(original)(functools.partial(wrapper, original, engine, tuple(parts), chunk_size))
+        setattr(call, _MARK, True)
+        setattr(engine, name, call)
+
+
+def _store(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
+           hashes: Any = None, offsets: Any = None, mask: Any = None, **kwargs: Any) -> None:
+    for part in parts:
+        with active_part(part.index):
+            original(tokens, hashes, offsets, mask,
+                     **{**kwargs, "request_configs": part_configs(kwargs.get("request_configs"), part)})
+
+
+def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any,
+              mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    """Load a hit of ``len(tokens)`` tokens (the masked ones): every part's needed chunks, or report none.
+
+    Every needed object is checked first, so a hit missing one writes nothing; one that vanishes between the
+    check and its read (not pinned) makes the load report nothing arrived, as one that fails to read does.
+    """
+    num_tokens = len(tokens)
+    wanted = torch.ones(num_tokens, dtype=torch.bool) if mask is None else mask.to("cpu", torch.bool).clone()
+    calls = []
+    for part in parts:
+        needed = needed_chunks(part.reach, num_tokens, chunk_size)
+        part_mask = wanted.clone()
+        part_mask[: needed[0] * chunk_size if needed else num_tokens] = False
+        if bool(part_mask.any()):
+            calls.append((part, part_mask, part_configs(kwargs.get("request_configs"), part)))
+    for part, part_mask, configs in calls:
+        for start, _, key in engine.token_database.process_tokens(tokens=tokens, mask=part_mask,
+                                                                  request_configs=configs):
+            if engine.storage_manager.contains(key) is None:
+                logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
+                               kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
+                return torch.zeros(num_tokens, dtype=torch.bool)
+    for part, part_mask, configs in calls:
+        # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
+        # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to a
+        # chunk boundary), whose window or snapshot objects the lookup did not pin and may lie in another tier.
+        call = {**kwargs, "request_configs": configs, "req_id": f"{kwargs.get('req_id')}/{part.name}"}
+        with active_part(part.index):
+            got = original(tokens, part_mask, **call)
+        if bool((part_mask & ~got.to("cpu", torch.bool)).any()):
+            logger.warning("request %s: part %s of a %d-token hit came back short: the load reports no token",
+                           kwargs.get("req_id"), part.name, num_tokens)
+            return torch.zeros(num_tokens, dtype=torch.bool)
+    return wanted
+
+
+def _asked_once(manager: Any, keys: Sequence[Any], search_range: list[str] | None) -> Callable[[int], bool]:
+    """Whether chunk ``i``'s object is stored, asked of the storage manager at most once per chunk."""
+
+    @functools.cache
+    def present(i: int) -> bool:
+        return manager.contains(keys[i], search_range) is not None
+
+    return present
+
+
+def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
+            hashes: Any = None, offsets: Any = None, search_range: list[str] | None = None,
+            lookup_id: str | None = None, pin: bool = False, request_configs: dict | None = None) -> int:
+    """The longest hit every part can serve; with ``pin``, its objects are pinned under ``lookup_id``."""
+    if not engine.is_healthy():
+        return 0
+    manager = engine.storage_manager
+    search_range = engine.retrieve_locations if search_range is None else search_range
+    keys, ends = [], []
+    for part in parts:
+        chunks = list(engine.token_database.process_tokens(tokens=tokens, hashes=hashes, offsets=offsets,
+                                                           request_configs=part_configs(request_configs, part)))
+        keys.append([key for _, _, key in chunks])
+        ends = [end for _, end, _ in chunks]
+    stats = engine.stats_monitor.on_lookup_request(ends[-1] if ends else 0)
+    hit = 0
+    try:
+        present: list[tuple[int | None, Callable[[int], bool]]] = []
+        for part, part_keys in zip(parts, keys, strict=True):
+            if part.reach is None:
+                prefix: int = manager.batched_contains(part_keys, search_range, False)[0]
+                present.append((None, prefix.__gt__))
+            else:
+                present.append((part.reach, _asked_once(manager, part_keys, search_range)))
+        hit = longest_hit(present, ends)
+        if pin and hit:
+            hit = _pin(engine, parts, keys, hit, chunk_size, search_range, lookup_id)
+        return hit
+    finally:
+        engine.stats_monitor.on_lookup_finished(stats, hit)
+        if pin:
+            manager.touch_cache()
+
+
+def _pin(engine: Any, parts: tuple[ChunkPart, ...], keys: list[list[Any]], hit: int, chunk_size: int,
+         search_range: list[str], lookup_id: str | None) -> int:
+    """Pin every object the hit needs; 0 (nothing left pinned) if one vanished since it was looked up."""
+    if lookup_id is None:
+        raise ValueError("lookup_id is required when pin is True")
+    manager = engine.storage_manager
+    pinned: dict[str, list[Any]] = {}
+    for part, part_keys in zip(parts, keys, strict=True):
+        for i in needed_chunks(part.reach, hit, chunk_size):
+            location = manager.contains(part_keys[i], search_range, True)
+            if location is None:
+                for where, held in pinned.items():
+                    manager.batched_unpin(held, [where])
+                logger.info("lookup %s: part %s of chunk %d was evicted while being pinned: a miss", lookup_id,
+                            part.name, i)
+                return 0
+            pinned.setdefault(location, []).append(part_keys[i])
+    engine.lookup_pins[lookup_id] = pinned
+    return hit

@@ -1,0 +1,113 @@
+"""Chunk parts through a real LMCacheEngine with the local CPU backend: the same stored bytes, a load reads the
+window part of the last chunks only, and an evicted part is handled all-or-nothing (lookup and load)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lmcache_platforms.connector.chunk_format import paged_format
+from lmcache_platforms.connector.parts import install_parts, part_configs
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
+
+CHUNKS = 4
+
+
+@pytest.fixture
+def parted():
+    """An engine over the gemma3 example (full attention + a 32-token window, 64-token chunks), chunks in
+    parts, with 4 chunks stored; yields (engine, request, the stored rows)."""
+    layout = materialize(load_layout_spec("gemma3"), seed=5)
+    request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=1)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        engine.connector.bind(layout, split=True)
+        install_parts(engine.engine, engine.connector.parts, layout.chunk_size)
+        stored = roundtrip.snapshot(layout, request)
+        engine.store(request.tokens, request.store_ids)
+        yield engine, request, stored
+
+
+def _remove(engine: LayoutEngine, request, part_name: str, chunk: int) -> None:
+    """Evict one part of one chunk from every tier, as the LRU would."""
+    part = next(p for p in engine.connector.parts if p.name == part_name)
+    configs = part_configs(engine.tags, part)
+    keys = [key for _, _, key in engine.engine.token_database.process_tokens(
+        tokens=torch.tensor(request.tokens), request_configs=configs)]
+    assert engine.engine.storage_manager.remove(keys[chunk])
+
+
+def _loaded(engine: LayoutEngine, request) -> dict:
+    return roundtrip.snapshot(engine.layout, dataclasses.replace(request, store_ids=request.load_ids))
+
+
+def test_parts_store_the_same_bytes_and_a_load_reads_only_the_window_it_needs(parted) -> None:
+    engine, request, stored = parted
+    layout = engine.layout
+    full, window = engine.connector.parts
+    assert (full.reach, window.reach) == (None, 32)
+    counters = engine.connector.binding.counters
+    assert counters.bytes_stored <= CHUNKS * paged_format(layout).nbytes  # stored bytes not increased
+    assert counters.bytes_stored == CHUNKS * paged_format(layout).nbytes  # (no padding in this layout)
+    assert engine.lookup(request.tokens) == CHUNKS * layout.chunk_size
+    roundtrip.zero_planes(layout)
+    assert engine.retrieve(request.tokens, request.load_ids) == CHUNKS * layout.chunk_size
+    fmts = engine.connector.part_formats
+    assert counters.bytes_loaded == CHUNKS * fmts[0].nbytes + 1 * fmts[1].nbytes
+    loaded = _loaded(engine, request)
+    for (start, tg, plane), rows in stored.items():
+        if tg in full.transfer_groups or start == (CHUNKS - 1) * layout.chunk_size:
+            assert torch.equal(loaded[(start, tg, plane)], rows), (start, tg, plane)
+        else:  # a window chunk before the last window: never read
+            assert not loaded[(start, tg, plane)].any(), (start, tg, plane)
+
+
+def test_an_evicted_early_window_part_keeps_the_hit(parted) -> None:
+    engine, request, _ = parted
+    _remove(engine, request, "reach32", 0)
+    assert engine.lookup(request.tokens) == CHUNKS * engine.layout.chunk_size
+    assert engine.retrieve(request.tokens, request.load_ids) == CHUNKS * engine.layout.chunk_size
+
+
+@pytest.mark.parametrize(("part", "chunk", "hit_chunks"), [("reach32", CHUNKS - 1, CHUNKS - 1),
+                                                           ("all", 1, 1)])
+def test_an_evicted_needed_part_shortens_the_hit_and_a_load_past_it_writes_nothing(parted, part: str, chunk: int,
+                                                                                  hit_chunks: int) -> None:
+    engine, request, _ = parted
+    chunk_size = engine.layout.chunk_size
+    _remove(engine, request, part, chunk)
+    assert engine.lookup(request.tokens) == hit_chunks * chunk_size
+    roundtrip.zero_planes(engine.layout)
+    before = engine.connector.binding.counters.bytes_loaded
+    assert engine.retrieve(request.tokens, request.load_ids) == 0  # the whole hit asked for: none of it
+    assert engine.connector.binding.counters.bytes_loaded == before
+    assert not any(rows.any() for rows in _loaded(engine, request).values())
+    # The shorter hit the lookup reported loads in full.
+    assert engine.retrieve(request.tokens[: hit_chunks * chunk_size], request.load_ids) == hit_chunks * chunk_size
+
+
+def test_a_lookup_pins_every_needed_part_and_nothing_else(parted) -> None:
+    engine, request, _ = parted
+    lmcache = engine.engine
+    assert lmcache.lookup(torch.tensor(request.tokens), lookup_id="r1", pin=True,
+                          request_configs=engine.tags) == CHUNKS * engine.layout.chunk_size
+    (location, keys), = lmcache.lookup_pins["r1"].items()
+    assert location == "LocalCPUBackend" and len(keys) == CHUNKS + 1  # every full part, the last window part
+    lmcache.lookup_unpin("r1")
+    assert "r1" not in lmcache.lookup_pins
+
+
+@pytest.mark.parametrize("name", ["llama", "mla-int8"])
+def test_layouts_with_one_reach_keep_one_object_per_chunk(name: str) -> None:
+    layout = materialize(load_layout_spec(name), seed=0)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        whole = engine.connector.binding.fingerprint
+        engine.connector.bind(layout, split=True)
+        assert engine.connector.parts == ()
+        assert engine.connector.binding.fingerprint == whole
