@@ -12,15 +12,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from lmcache_platforms.tools.copy_reference import best_copy, best_of_rounds, copiers
 
 GIB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layout", required=True, help="layout file, or the name of a shipped example")
+    parser.add_argument("--layout", help="layout file, or the name of a shipped example")
+    engine = parser.add_argument_group("inside a real engine (--engine, instead of --layout)")
+    engine.add_argument("--engine", action="store_true",
+                        help="store and load N-token prompts through in-process vLLM engines with our connector, "
+                             "per LMCache storage tier, against a copy of the same bytes in the same process")
+    engine.add_argument("--model", choices=("demo", "tiny"), default="demo", help="the random model (default demo)")
+    engine.add_argument("--tokens", type=int, default=2048, help="tokens per prompt (default 2048)")
+    engine.add_argument("--requests", type=int, default=3, help="prompts per tier (default 3)")
+    engine.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (default 256)")
+    engine.add_argument("--tiers", default="cpu,disk,fs,redis", help="comma list of cpu, disk, fs, redis")
+    engine.add_argument("--workdir", type=Path, default=None,
+                        help="where configs and logs go (default: a temporary folder, kept if a tier failed)")
     parser.add_argument("--backend", default=None,
                         help="auto, torch, cpu, triton, ascend (default: platforms.kernel_backend setting)")
     parser.add_argument("--chunks", type=int, default=None, help="move at most N whole chunks (default: all)")
@@ -54,30 +67,6 @@ def _synchronizer(device) -> Callable[[], None]:
     return sync if callable(sync) else (lambda: None)
 
 
-# Pause before each timed work: torch's OpenMP threads keep spinning for milliseconds after a parallel
-# region, and on a small machine they would steal the CPU from whatever is timed next.
-SETTLE_SECONDS = 0.005
-
-
-def _best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], None], repeats: int) -> dict:
-    """Best seconds of each work, timed in interleaved rounds after one warm-up round.
-
-    Interleaving puts every contender through the same moments of a shared, noisy machine, so the ratios
-    compare like with like.
-    """
-    best = dict.fromkeys(works, float("inf"))
-    for round_index in range(repeats + 1):
-        for name, work in works.items():
-            sync()
-            time.sleep(SETTLE_SECONDS)
-            start = time.perf_counter()
-            work()
-            sync()
-            if round_index:
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best
-
-
 def _block_ids(spec):
     """Random distinct non-null block ids per group, enough for the layout's num_tokens."""
     import torch
@@ -106,44 +95,6 @@ def _moves(layout, block_ids, chunks: int, device) -> list[list[Move]]:
             for tg in layout.transfer_groups
         ])
     return out
-
-
-def _copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], None], float]]:
-    """Plain copies of ``num_bytes`` between two contiguous uint8 tensors: name -> (work, seconds factor).
-
-    ``copy_`` is torch's (its intra-op threads). On CPU, a contiguous copy through the native library's
-    thread pool (same thread count) is timed too, over a size rounded up to 1024 equal pieces (the factor
-    scales its time back to ``num_bytes``): on a busy machine torch's OpenMP copy waits for its second
-    thread and would flatter every ratio; the faster of the two is the memcpy reference.
-    """
-    import torch
-
-    src = torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copies = {"copy_": (lambda: dst.copy_(src), 1.0)}
-    if device.type != "cpu":
-        return copies
-    from lmcache_platforms.kernels.contract import Direction
-    from lmcache_platforms.kernels.registry import get_backend
-    from lmcache_platforms.layout.plane import Plane, PlaneGeometry
-
-    native = get_backend("cpu")
-    if not native.availability()[0]:
-        return copies
-    pieces, piece = 1024, -(-num_bytes // 1024 // 64) * 64
-    source = torch.randint(0, 256, (pieces * piece,), dtype=torch.uint8)
-    target = torch.empty_like(source)
-    plane = Plane("copy", "source", 0, torch.uint8, PlaneGeometry(pieces, piece, 1, piece, 1, piece, piece), 0,
-                  torch.empty(0, dtype=torch.uint8).set_(source.untyped_storage()))
-    slots = torch.arange(pieces)
-    copies["pool"] = (lambda: native.transfer((plane,), slots, target, Direction.STORE), num_bytes / source.numel())
-    return copies
-
-
-def _best_copy(best: dict, copies: dict) -> dict:
-    """Seconds of each plain copy for the measured byte count, and the fastest as ``copy``."""
-    seconds = {name: best[name] * factor for name, (_, factor) in copies.items()}
-    return {**seconds, "copy": min(seconds.values())}
 
 
 def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
@@ -218,11 +169,11 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
 
         return move
 
-    copies = _copiers(moved, device)
+    copies = copiers(moved, device)
     works = {"store": run(Direction.STORE), "load": run(Direction.LOAD)}
     works.update({name: work for name, (work, _) in copies.items()})
-    best = _best_of_rounds(works, sync, args.repeats)
-    best.update(_best_copy(best, copies))
+    best = best_of_rounds(works, sync, args.repeats)
+    best.update(best_copy(best, copies))
     launches = calls // (2 * (args.repeats + 1) * chunks)
     return {"backend": backend.name, "bytes": moved, "launches_per_chunk": launches, **best}
 
@@ -233,10 +184,10 @@ def _time_upstream(spec, block_ids, chunks: int, device, sync, args) -> dict | N
     if path is None:
         return None
     name, moved, store, load = path
-    copies = _copiers(moved, device)
+    copies = copiers(moved, device)
     works = {"store": store, "load": load, **{name: work for name, (work, _) in copies.items()}}
-    best = _best_of_rounds(works, sync, max(1, args.repeats // 4))
-    best.update(_best_copy(best, copies))
+    best = best_of_rounds(works, sync, max(1, args.repeats // 4))
+    best.update(best_copy(best, copies))
     return {"format": name, "store_x": best["copy"] / best["store"], "load_x": best["copy"] / best["load"]}
 
 
@@ -281,7 +232,37 @@ def measure(args: argparse.Namespace) -> dict:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
 
 
+def run_engine(args: argparse.Namespace) -> int:
+    """``--engine``: one table row (or JSON object) per tier."""
+    from lmcache_platforms.cli.workdir import run_in_workdir
+    from lmcache_platforms.tools.engine_bench import bench_from_args, run_bench
+
+    if args.tokens < args.chunk_size or args.requests < 1:
+        return _fail(f"--engine needs --tokens >= --chunk-size and --requests >= 1, got {args.tokens}, "
+                     f"{args.chunk_size}, {args.requests}")
+
+    def body(folder: Path) -> list[str]:
+        result = run_bench(bench_from_args(args, folder), lambda line: print(line, file=sys.stderr, flush=True))
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"{result['model']}, {result['tokens']} tokens x {result['requests']} prompts, chunk "
+                  f"{result['chunk_size']}, cores {result['cores']}")
+            for row in result["tiers"]:
+                print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
+        return [f"tier {row['tier']}: {row['error']}" for row in result["tiers"] if "error" in row]
+
+    try:
+        return run_in_workdir(args.workdir, False, "lmcache-platforms-bench-", print, body)
+    except ValueError as exc:
+        return _fail(str(exc))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.engine:
+        return run_engine(args)
+    if not args.layout:
+        return _fail("give --layout (a layout file or shipped example) or --engine")
     if args.repeats < 1:
         return _fail(f"--repeats must be at least 1, got {args.repeats}")
     if args.chunks is not None and args.chunks < 1:

@@ -62,7 +62,9 @@ def cpu_run(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     scenario arms a fault)."""
     workdir = tmp_path_factory.mktemp("cpu")
     env = faulty_env(install_faulty_backend(workdir / "plugin"), "none")
-    connector = {**BASE, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": TWO_CHUNKS_GIB}
+    # Whole chunks: the capacity is counted in whole chunks (window parts would fit more of them).
+    connector = {**BASE, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": TWO_CHUNKS_GIB,
+                 "platforms.chunk_parts": "whole"}
     scenarios = [
         {"name": "full", "fault": "none", "again": 1},
         {"name": "ok/140", "fault": "none"},

@@ -342,6 +342,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 continue
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False
+            binding = self._binding()
+            bytes_before = binding.counters.bytes_stored if binding is not None else 0
             engine.store(
                 request.token_ids[:end],
                 mask=mask,
@@ -350,6 +352,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 offset=start,
                 **self._transfer_kwargs(request, request.block_ids),
             )
+            if binding is not None and binding.counters.bytes_stored > bytes_before:
+                logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written", request.req_id,
+                            start, end, binding.counters.bytes_stored - bytes_before)
 
     def _log_skipped_save(self, req_id: str) -> None:
         """A skipped save costs a future cache miss only, so it is logged (once per sleep), not raised."""

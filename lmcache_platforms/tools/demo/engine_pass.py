@@ -128,6 +128,8 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
         "disable_log_stats": False,
         "logprobs_mode": "raw_logits",
         "seed": 0,
+        # Off where every hit must be LMCache's: the same prompt served twice in one engine (bench --engine).
+        "enable_prefix_caching": spec.get("enable_prefix_caching", True),
     }
     if spec.get("kv_transfer_config"):
         engine_args["kv_transfer_config"] = spec["kv_transfer_config"]
@@ -147,6 +149,10 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
                  f"{done['prefill_s']:.3f} s), LMCache hit {done['lmcache_hit_tokens']}/{done['prompt_tokens']} "
                  "tokens")
     result["requests"] = requests
+    if spec.get("memcpy_bytes"):
+        from lmcache_platforms.tools.copy_reference import memcpy_seconds
+
+        result["memcpy_s"] = memcpy_seconds(spec["memcpy_bytes"])
     progress("shutting the engine down")
     llm.llm_engine.engine_core.shutdown()
     return result

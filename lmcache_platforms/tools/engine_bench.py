@@ -1,0 +1,219 @@
+"""``lmcache-platforms bench --engine``: store and load speed inside a real vLLM engine with our connector, per
+LMCache storage tier, against a plain copy of the same bytes timed in the same engine process.
+
+A kernel figure is not the user's figure: around the transfer sit LMCache's hashing and allocation, our
+connector, the storage backends and vLLM's own threads. Each tier serves the same N-token prompts through
+fresh in-process engines (``tools/demo/engine_pass``, cores pinned as the demo pins them). A cold pass stores
+them; the local CPU tier then serves them again in the same engine with vLLM's prefix cache off, so every hit
+is LMCache's; every other tier serves them from a fresh engine whose CPU cache is empty, so every hit is read
+from that tier. Speeds are LMCache's own: the size and cost of its "Stored" and "Retrieved" line per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lmcache_platforms.tools.demo.model import MODELS, ModelSpec, ensure_model
+from lmcache_platforms.tools.demo.runners import PassRunner, Resources, free_port
+from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config
+from lmcache_platforms.tools.demo.workload import Request, warmup_request
+
+GIB = 2**30
+TIERS = ("cpu", "disk", "fs", "redis")
+# LMCache's per-request lines (v0.5.6 cache_engine.py) give the cost in ms; their size (GiB, 4 decimals) is too
+# coarse for short prompts, so bytes come from our connector's line for the same request, logged right after.
+STORED = re.compile(r"Stored (\d+) out of total \d+ tokens\. size: [\d.]+ GB, cost ([\d.]+) ms.*?"
+                    r"stored tokens \[\d+, \d+\) in LMCache, (\d+) bytes written", re.S)
+RETRIEVED = re.compile(r"Retrieved (\d+) out of \d+ required tokens .*?cost ([\d.]+) ms.*?"
+                       r"loaded tokens \[\d+, \d+\) from LMCache, (\d+) bytes read", re.S)
+
+
+@dataclass(frozen=True)
+class EngineBench:
+    """What to run: the model, the prompt length and count, chunk size, tiers, resources."""
+
+    model: ModelSpec
+    tokens: int
+    requests: int
+    chunk_size: int
+    tiers: tuple[str, ...]
+    workdir: Path
+    resources: Resources = field(default_factory=Resources.available)
+    timeout_s: float = 900.0
+
+
+@dataclass
+class Transfers:
+    """LMCache's lines of one pass, the warm-up's store left out."""
+
+    tokens: list[int] = field(default_factory=list)
+    bytes: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def gbps(self) -> float | None:
+        return sum(self.bytes) / sum(self.seconds) / 1e9 if self.seconds and sum(self.seconds) > 0 else None
+
+
+def parse_lines(log: str, pattern: re.Pattern[str], skip: int = 0) -> Transfers:
+    """Every request's LMCache line with our byte count after it, the first ``skip`` left out."""
+    found = Transfers()
+    for match in list(pattern.finditer(log))[skip:]:
+        found.tokens.append(int(match.group(1)))
+        found.seconds.append(float(match.group(2)) / 1e3)
+        found.bytes.append(float(match.group(3)))
+    return found
+
+
+def kv_bytes_per_token(model: ModelSpec) -> int:
+    """K and V of every layer, bf16: what one token stores when every chunk is stored whole."""
+    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * 2
+
+
+def lmcache_yaml(tier: str, chunk_size: int, cpu_gib: float, store_gib: float, store: str) -> str:
+    """LMCache's config for one tier: the local CPU cache always (LMCache allocates from it), plus the tier."""
+    lines = [f"chunk_size: {chunk_size}", "local_cpu: true", f"max_local_cpu_size: {cpu_gib:.3f}"]
+    if tier == "disk":
+        lines += [f'local_disk: "{store}/"', f"max_local_disk_size: {store_gib:.3f}"]
+    elif tier == "fs":
+        lines += [f'remote_url: "fs://localhost:0{store}"', "remote_serde: naive"]
+    elif tier == "redis":
+        lines += [f'remote_url: "{store}"', "remote_serde: naive"]
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    """``redis://127.0.0.1:PORT`` of a private redis-server without persistence, stopped afterwards."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("the redis tier needs redis-server on PATH (Debian package redis-server)")
+    port = free_port()
+    server = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly",
+                               "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        cli = shutil.which("redis-cli")
+        deadline = time.monotonic() + 10
+        while cli and subprocess.run([cli, "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def prompts(bench: EngineBench) -> list[Request]:
+    """``bench.requests`` distinct prompts of ``bench.tokens`` tokens, the same for every tier."""
+    return [warmup_request(bench.tokens, bench.model.vocab_size, f"bench-{i}") for i in range(bench.requests)]
+
+
+def _spec(bench: EngineBench, model_dir: Path, served: list[Request], salt: str, memcpy_bytes: int) -> dict[str, Any]:
+    return {
+        "model_dir": str(model_dir), "block_size": BLOCK_SIZE, "max_model_len": bench.model.max_model_len,
+        "max_tokens": 1, "logprobs": 0, "kv_transfer_config": connector_config(OUR_CONNECTOR),
+        "warmup": vars(warmup_request(bench.tokens, bench.model.vocab_size, salt)),
+        "requests": [vars(r) for r in served], "enable_prefix_caching": False, "memcpy_bytes": memcpy_bytes,
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner, store: str) -> dict[str, Any]:
+    """One tier: a cold pass stores the prompts, then they are loaded from the tier.
+
+    LMCache's local disk index lives in its process, so the disk tier loads in the engine that stored, its CPU
+    cache sized for about one prompt: by the time a prompt comes again it is on disk only. The CPU tier loads
+    in the same engine too; fs and Redis load in a fresh engine, whose CPU cache is empty.
+    """
+    served = prompts(bench)
+    per_request = kv_bytes_per_token(bench.model) * bench.tokens
+    store_gib = 2.5 * (bench.requests + 1) * per_request / GIB
+    cpu_gib = (1.5 * per_request + 2**26) / GIB if tier == "disk" else max(0.5, store_gib)
+    config = bench.workdir / f"{tier}.yaml"
+    config.write_text(lmcache_yaml(tier, bench.chunk_size, cpu_gib, store_gib, store))
+    env = {"LMCACHE_CONFIG_FILE": str(config)}
+    same_engine = tier in ("cpu", "disk")
+    again = [Request(f"{r.name}-again", r.tokens) for r in served] if same_engine else []
+    cold = runner.run(f"{tier}-cold", _spec(bench, model_dir, served + again, f"{tier}-cold", per_request), env)
+    cold_log = runner.logs[-1].read_text()
+    stored = parse_lines(cold_log, STORED, skip=1)
+    if same_engine:
+        stored = Transfers(stored.tokens[:len(served)], stored.bytes[:len(served)], stored.seconds[:len(served)])
+        warm, loaded = cold["requests"][len(served):], parse_lines(cold_log, RETRIEVED)
+        memcpy_s = cold["memcpy_s"]
+    else:
+        result = runner.run(f"{tier}-warm", _spec(bench, model_dir, served, f"{tier}-warm", per_request), env)
+        warm, memcpy_s = result["requests"], result["memcpy_s"]
+        loaded = parse_lines(runner.logs[-1].read_text(), RETRIEVED)
+    memcpy_gbps = per_request / memcpy_s / 1e9
+    return {
+        "tier": tier,
+        "memcpy_GBps": memcpy_gbps,
+        "store_GBps": stored.gbps,
+        "store_x_memcpy": stored.gbps / memcpy_gbps if stored.gbps else None,
+        "load_GBps": loaded.gbps,
+        "load_x_memcpy": loaded.gbps / memcpy_gbps if loaded.gbps else None,
+        "stored_bytes_per_request": _median(stored.bytes),
+        "read_bytes_per_request": _median(loaded.bytes),
+        "store_ms": _median([s * 1e3 for s in stored.seconds]),
+        "load_ms": _median([s * 1e3 for s in loaded.seconds]),
+        "cold_ttft_s": _median([r["ttft_s"] for r in cold["requests"][:len(served)]]),
+        "warm_ttft_s": _median([r["ttft_s"] for r in warm]),
+        "hit_tokens": [r["lmcache_hit_tokens"] for r in warm],
+    }
+
+
+def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every tier of ``bench``; a tier that fails is reported with its error, the others still run."""
+    model_dir = ensure_model(bench.model, None, progress)
+    bench.workdir.mkdir(parents=True, exist_ok=True)
+    runner = PassRunner(bench.workdir, bench.resources, progress, bench.timeout_s)
+    results = []
+    for tier in bench.tiers:
+        store = bench.workdir / f"{tier}-store"
+        shutil.rmtree(store, ignore_errors=True)
+        store.mkdir(parents=True)
+        progress(f"tier {tier}: {bench.requests} prompts of {bench.tokens} tokens")
+        try:
+            if tier == "redis":
+                with redis_server(store) as url:
+                    results.append(run_tier(bench, tier, model_dir, runner, url))
+            else:
+                results.append(run_tier(bench, tier, model_dir, runner, str(store.resolve())))
+        except Exception as exc:  # noqa: BLE001 - one tier's failure is a result, not the end of the bench
+            results.append({"tier": tier, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            shutil.rmtree(store, ignore_errors=True)
+    return {"model": bench.model.name, "tokens": bench.tokens, "requests": bench.requests,
+            "chunk_size": bench.chunk_size, "cores": bench.resources.cpu_list(), "tiers": results}
+
+
+def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
+    """The EngineBench ``bench --engine`` asked for; the model's context grows to fit ``--tokens``."""
+    model = MODELS[args.model]
+    if args.tokens + 1 > model.max_model_len:
+        context = 1 << (args.tokens + 1).bit_length()
+        model = replace(model, name=f"{model.name}-ctx{context}", max_model_len=context)
+    tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
+    unknown = sorted(set(tiers) - set(TIERS))
+    if unknown or not tiers:
+        raise ValueError(f"--tiers takes a comma list of {', '.join(TIERS)}, got {args.tiers!r}")
+    per_request = kv_bytes_per_token(model) * args.tokens
+    resources = Resources.available()
+    kv_gib = max(resources.kv_cache_gib, -(-2 * per_request // GIB))
+    return EngineBench(model, args.tokens, args.requests, args.chunk_size, tiers, workdir,
+                       replace(resources, kv_cache_gib=kv_gib))

@@ -1,0 +1,70 @@
+"""`lmcache-platforms bench --engine`: LMCache's and our per-request lines are paired into exact byte counts and
+costs, and a real run through in-process vLLM engines stores every prompt, hits every prompt and reads only
+what the windows need."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from lmcache_platforms.cli import bench
+from lmcache_platforms.tools.demo.model import TINY_MODEL
+from lmcache_platforms.tools.engine_bench import RETRIEVED, STORED, kv_bytes_per_token, parse_lines
+
+LOG = """\
+LMCache INFO: [req_id=0-a] Stored 512 out of total 512 tokens. size: 0.0006 GB, cost 1.5000 ms, throughput: x
+lmcache_platforms INFO: request 0: stored tokens [0, 512) in LMCache, 655360 bytes written
+LMCache INFO: [req_id=1-b] Stored 512 out of total 512 tokens. size: 0.0006 GB, cost 2.5000 ms, throughput: x
+lmcache_platforms INFO: request 1: stored tokens [0, 512) in LMCache, 655360 bytes written
+LMCache INFO: [req_id=2-c] Retrieved 511 out of 511 required tokens (from 512 total tokens). size: 0.0003 gb, \
+cost 0.5000 ms, throughput: x
+lmcache_platforms INFO: request 1: loaded tokens [0, 511) from LMCache, 360448 bytes read
+"""
+
+
+def test_lines_pair_lmcache_costs_with_our_exact_bytes() -> None:
+    stored = parse_lines(LOG, STORED, skip=1)
+    assert (stored.tokens, stored.bytes, stored.seconds) == ([512], [655360.0], [0.0025])
+    loaded = parse_lines(LOG, RETRIEVED)
+    assert (loaded.tokens, loaded.bytes, loaded.seconds) == ([511], [360448.0], [0.0005])
+    assert loaded.gbps == pytest.approx(360448 / 0.0005 / 1e9)
+
+
+def test_a_store_without_our_line_is_not_paired_with_a_load_line() -> None:
+    unpaired = LOG.replace("stored tokens [0, 512) in LMCache, 655360 bytes written", "something else")
+    assert parse_lines(unpaired, STORED).tokens == []
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return bench.run(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "give --layout (a layout file or shipped example) or --engine"),
+    (["--engine", "--tokens", "64"], "--engine needs --tokens >= --chunk-size and --requests >= 1, got 64, 256, 3"),
+    (["--engine", "--tiers", "cpu,tape"], "--tiers takes a comma list of cpu, disk, fs, redis, got 'cpu,tape'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys, tmp_path) -> None:
+    assert run([*argv, "--workdir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"lmcache-platforms bench: {message}"]
+
+
+@pytest.mark.slow
+def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(capsys, tmp_path) -> None:
+    tokens = 512
+    assert run(["--engine", "--model", "tiny", "--tokens", str(tokens), "--requests", "2", "--chunk-size", "128",
+                "--tiers", "cpu", "--workdir", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (row,) = result["tiers"]
+    assert row["tier"] == "cpu" and "error" not in row, row
+    assert row["hit_tokens"] == [tokens - 1, tokens - 1]  # vLLM computes the last prompt token itself
+    # One layer attends fully; 3 slide over 64 tokens, so each 128-token chunk keeps their last 64 rows, and a
+    # hit reads the full layer's 4 chunks and only the last chunk of the sliding ones.
+    per_row = kv_bytes_per_token(TINY_MODEL) // TINY_MODEL.num_layers
+    assert row["stored_bytes_per_request"] == per_row * (tokens + 3 * 4 * 64)
+    assert row["read_bytes_per_request"] == per_row * (tokens + 3 * 64)
+    assert row["store_x_memcpy"] > 0 and row["load_x_memcpy"] > 0
