@@ -11,7 +11,7 @@ from collections.abc import Callable
 SETTLE_SECONDS = 0.005
 
 
-def best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], None], repeats: int) -> dict:
+def best_of_rounds(works: dict[str, Callable[[], object]], sync: Callable[[], None], repeats: int) -> dict:
     """Best seconds of each work, timed in interleaved rounds after one warm-up round.
 
     Interleaving puts every contender through the same moments of a shared, noisy machine, so the ratios
@@ -30,7 +30,7 @@ def best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], None
     return best
 
 
-def copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], None], float]]:
+def copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], object], float]]:
     """Plain copies of ``num_bytes`` between two contiguous uint8 tensors: name -> (work, seconds factor).
 
     ``copy_`` is torch's (its intra-op threads). On CPU, a contiguous copy through the native library's
@@ -42,7 +42,7 @@ def copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], None], float
 
     src = torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copies = {"copy_": (lambda: dst.copy_(src), 1.0)}
+    copies: dict[str, tuple[Callable[[], object], float]] = {"copy_": (lambda: dst.copy_(src), 1.0)}
     if device.type != "cpu":
         return copies
     from lmcache_platforms.kernels.contract import Direction
