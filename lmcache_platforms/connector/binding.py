@@ -6,13 +6,13 @@ registers its KV caches, so everything layout-dependent lives here and is built 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, Launch, layout_fingerprint
+from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, layout_fingerprint
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.registry import select_backend
@@ -109,27 +109,33 @@ class LayoutBinding:
         """``request_configs`` entries that put the layout into LMCache's keys (pass them to every call)."""
         return {LAYOUT_TAG: self.fingerprint}
 
-    def _slots(self, launch: Launch, block_ids: Sequence[torch.Tensor], start: int, end: int) -> torch.Tensor:
-        slots = self.layout.chunk_slots(launch.tg, block_ids, start, end)
-        return slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True)
+    def slots_per_chunk(self, fmt: ChunkFormat, block_ids: Sequence[torch.Tensor], starts: Sequence[int],
+                        ends: Sequence[int]) -> list[dict[int, torch.Tensor]]:
+        """For each chunk ``[starts[i], ends[i])``, the slots of every group ``fmt`` moves (by group index), for
+        the whole batch in one pass per group and on the KV caches' device."""
+        bounds = list(zip(starts, ends, strict=True))
+        table = {}
+        for group in dict.fromkeys(launch.tg.group for launch in fmt.launches):
+            slots = self.layout.group_chunks_slots(group, block_ids, bounds)
+            table[group] = slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True)
+        return [{group: slots[i] for group, slots in table.items()} for i in range(len(bounds))]
 
-    def store(self, fmt: ChunkFormat, host: torch.Tensor, block_ids: Sequence[torch.Tensor], start: int,
-              end: int) -> None:
-        """Planes -> ``host`` (the MemoryObj's bytes); call inside ``streams.storing()``."""
+    def store(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor]) -> None:
+        """Planes -> ``host`` (the MemoryObj's bytes), ``slots`` from ``slots_per_chunk``; call inside
+        ``streams.storing()``."""
         self._check_usable()
         target = host if not self.scratch else self.scratch[Direction.STORE].get(fmt.payload_bytes)
         for launch in fmt.launches:
             backend = self._backends[id(launch.planes)]
             region = target[launch.offset : launch.offset + launch.nbytes]
-            backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.STORE)
+            backend.transfer(launch.planes, slots[launch.tg.group], region, Direction.STORE)
             self.counters.launches += 1
             self.counters.backends.add(backend.name)
         if target is not host:
             host[: fmt.payload_bytes].copy_(target, non_blocking=True)
 
-    def load(self, fmt: ChunkFormat, host: torch.Tensor, block_ids: Sequence[torch.Tensor], start: int,
-             end: int) -> None:
-        """``host`` -> planes; call inside ``streams.loading()``."""
+    def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor]) -> None:
+        """``host`` -> planes, ``slots`` from ``slots_per_chunk``; call inside ``streams.loading()``."""
         self._check_usable()
         source = host
         if self.scratch:
@@ -138,7 +144,7 @@ class LayoutBinding:
         for launch in fmt.launches:
             backend = self._backends[id(launch.planes)]
             region = source[launch.offset : launch.offset + launch.nbytes]
-            backend.transfer(launch.planes, self._slots(launch, block_ids, start, end), region, Direction.LOAD)
+            backend.transfer(launch.planes, slots[launch.tg.group], region, Direction.LOAD)
             self.counters.launches += 1
             self.counters.backends.add(backend.name)
 

@@ -73,9 +73,10 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             check_chunk(binding.layout, start, end)
         for step, fmt in enumerate(self.formats):
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs[step], starts, ends, strict=True)]
+            slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.storing():
-                for host, start, end in zip(hosts, starts, ends, strict=True):
-                    binding.store(fmt, host, block_ids, start, end)
+                for host, chunk_slots in zip(hosts, slots, strict=True):
+                    binding.store(fmt, host, chunk_slots)
             yield
             binding.streams.finish_store()
         binding.counters.chunks_stored += len(starts)
@@ -91,9 +92,10 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             if sync and step:
                 binding.streams.mark_loaded()
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+            slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
-                for host, start, end in zip(hosts, starts, ends, strict=True):
-                    binding.load(fmt, host, block_ids, start, end)
+                for host, chunk_slots in zip(hosts, slots, strict=True):
+                    binding.load(fmt, host, chunk_slots)
         yield
         binding.streams.finish_load()
         binding.counters.chunks_loaded += len(starts)

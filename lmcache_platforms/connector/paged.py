@@ -94,9 +94,10 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         for start, end in zip(starts, ends, strict=True):
             check_chunk(binding.layout, start, end)
         hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+        slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
         with binding.streams.storing():
-            for host, start, end in zip(hosts, starts, ends, strict=True):
-                binding.store(fmt, host, block_ids, start, end)
+            for host, chunk_slots in zip(hosts, slots, strict=True):
+                binding.store(fmt, host, chunk_slots)
         binding.streams.finish_store()
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
@@ -112,9 +113,10 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             # chunk of another layout) is then one failed load, and LMCache's retrieve still releases its
             # references to every chunk instead of leaking them when this raised out of it.
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+            slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
-                for host, start, end in zip(hosts, starts, ends, strict=True):
-                    binding.load(fmt, host, block_ids, start, end)
+                for host, chunk_slots in zip(hosts, slots, strict=True):
+                    binding.load(fmt, host, chunk_slots)
             binding.streams.finish_load()
             binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
             binding.counters.bytes_loaded += len(hosts) * fmt.nbytes

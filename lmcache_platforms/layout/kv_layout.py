@@ -19,7 +19,7 @@ from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.groups import KVGroup, validate_groups
 from lmcache_platforms.layout.overlap import check_layer
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
-from lmcache_platforms.layout.slots import BlockIds, chunk_slots, physical_rows_per_chunk
+from lmcache_platforms.layout.slots import BlockIds, chunk_slots, chunks_slots, physical_rows_per_chunk
 
 MODES = ("bundled", "exploded")
 
@@ -195,6 +195,14 @@ class KVLayout:
         if tg.group >= len(block_ids_per_group):
             raise LayoutError(f"group {tg.group}: no block ids given ({len(block_ids_per_group)} lists)")
         return chunk_slots(self.group(tg.group), block_ids_per_group[tg.group], start, end, self.chunk_size)
+
+    def group_chunks_slots(
+        self, group: int, block_ids_per_group: Sequence[BlockIds], bounds: Sequence[tuple[int, int]]
+    ) -> torch.Tensor:
+        """Slots of group ``group``'s rows in each chunk of ``bounds``: ``[len(bounds), rows per chunk]``."""
+        if group >= len(block_ids_per_group):
+            raise LayoutError(f"group {group}: no block ids given ({len(block_ids_per_group)} lists)")
+        return chunks_slots(self.group(group), block_ids_per_group[group], bounds, self.chunk_size)
 
     def summary(self) -> dict[str, Any]:
         """The plan as plain data (what ``lmcache-platforms plan --json`` prints)."""

@@ -99,14 +99,28 @@ def physical_rows_per_chunk(group: KVGroup, chunk_size: int) -> int:
     return min(full, max(1, group.sliding_window // group.tokens_per_row))
 
 
+def chunks_slots(group: KVGroup, block_ids: BlockIds, bounds: Sequence[tuple[int, int]],
+                 chunk_size: int) -> torch.Tensor:
+    """Slots of the rows each chunk ``[start, end)`` of ``bounds`` stores, in row order, -1 padded to the
+    physical size: ``[len(bounds), physical rows]``. One pass for a whole batch: per chunk, the handful of
+    small tensor operations cost more than the kernel moving a window's rows."""
+    width = physical_rows_per_chunk(group, chunk_size)
+    spans = [chunk_rows(group, start, end, chunk_size) for start, end in bounds]
+    if any(count > width for _, count in spans):
+        raise LayoutError(f"{group.describe()}: a chunk of {chunk_size} tokens holds more than its {width} rows")
+    device = block_ids.device if isinstance(block_ids, torch.Tensor) else "cpu"
+    firsts = torch.tensor([first for first, _ in spans], dtype=torch.int64, device=device)
+    counts = torch.tensor([count for _, count in spans], dtype=torch.int64, device=device)
+    offsets = torch.arange(width, dtype=torch.int64, device=device)
+    used = offsets < counts[:, None]
+    out = torch.full((len(spans), width), -1, dtype=torch.int64, device=device)
+    out[used] = _slots_of_rows(group, block_ids, (firsts[:, None] + offsets)[used])
+    return out
+
+
 def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk_size: int) -> torch.Tensor:
     """Slots of the rows chunk ``[start, end)`` stores, in row order, padded with -1 to the physical size."""
-    first, count = chunk_rows(group, start, end, chunk_size)
-    device = block_ids.device if isinstance(block_ids, torch.Tensor) else "cpu"
-    rows = torch.arange(first, first + count, dtype=torch.int64, device=device)
-    out = torch.full((physical_rows_per_chunk(group, chunk_size),), -1, dtype=torch.int64, device=device)
-    out[:count] = _slots_of_rows(group, block_ids, rows)
-    return out
+    return chunks_slots(group, block_ids, [(start, end)], chunk_size)[0]
 
 
 def primary_group(groups: Sequence[KVGroup], block_ids: Sequence[BlockIds]) -> KVGroup:

@@ -30,12 +30,17 @@ from lmcache_platforms.tools.demo.workload import Request, warmup_request
 
 GIB = 2**30
 TIERS = ("cpu", "disk", "fs", "redis")
-# LMCache's per-request lines (v0.5.6 cache_engine.py) give the cost in ms; their size (GiB, 4 decimals) is too
-# coarse for short prompts, so bytes come from our connector's line for the same request, logged right after.
-STORED = re.compile(r"Stored (\d+) out of total \d+ tokens\. size: [\d.]+ GB, cost ([\d.]+) ms.*?"
-                    r"stored tokens \[\d+, \d+\) in LMCache, (\d+) bytes written", re.S)
-RETRIEVED = re.compile(r"Retrieved (\d+) out of \d+ required tokens .*?cost ([\d.]+) ms.*?"
-                       r"loaded tokens \[\d+, \d+\) from LMCache, (\d+) bytes read", re.S)
+# LMCache's lines (v0.5.6 cache_engine.py) give each store/retrieve call's cost in ms; their size (GiB, four
+# decimals) is too coarse for short prompts, so bytes come from our connector's line for the request, logged
+# after all of LMCache's calls for it (one per chunk part).
+LMCACHE_COST = {
+    "store": re.compile(r"Stored \d+ out of total \d+ tokens\. size: [\d.]+ GB, cost ([\d.]+) ms"),
+    "load": re.compile(r"Retrieved \d+ out of \d+ required tokens .*?cost ([\d.]+) ms"),
+}
+OURS = {
+    "store": re.compile(r"stored tokens \[(\d+), (\d+)\) in LMCache, (\d+) bytes written"),
+    "load": re.compile(r"loaded tokens \[(\d+), (\d+)\) from LMCache, (\d+) bytes read"),
+}
 
 
 @dataclass(frozen=True)
@@ -65,14 +70,21 @@ class Transfers:
         return sum(self.bytes) / sum(self.seconds) / 1e9 if self.seconds and sum(self.seconds) > 0 else None
 
 
-def parse_lines(log: str, pattern: re.Pattern[str], skip: int = 0) -> Transfers:
-    """Every request's LMCache line with our byte count after it, the first ``skip`` left out."""
-    found = Transfers()
-    for match in list(pattern.finditer(log))[skip:]:
-        found.tokens.append(int(match.group(1)))
-        found.seconds.append(float(match.group(2)) / 1e3)
+def parse_lines(log: str, kind: str, skip: int = 0) -> Transfers:
+    """Each request's ``kind`` (store, load): tokens and bytes from our line, seconds summed over LMCache's lines
+    since the previous one of ours; the first ``skip`` requests left out."""
+    events = sorted([(m.start(), "cost", m) for m in LMCACHE_COST[kind].finditer(log)]
+                    + [(m.start(), "ours", m) for m in OURS[kind].finditer(log)], key=lambda event: event[0])
+    found, seconds = Transfers(), 0.0
+    for _, what, match in events:
+        if what == "cost":
+            seconds += float(match.group(1)) / 1e3
+            continue
+        found.tokens.append(int(match.group(2)) - int(match.group(1)))
         found.bytes.append(float(match.group(3)))
-    return found
+        found.seconds.append(seconds)
+        seconds = 0.0
+    return Transfers(found.tokens[skip:], found.bytes[skip:], found.seconds[skip:])
 
 
 def kv_bytes_per_token(model: ModelSpec) -> int:
@@ -150,15 +162,15 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     again = [Request(f"{r.name}-again", r.tokens) for r in served] if same_engine else []
     cold = runner.run(f"{tier}-cold", _spec(bench, model_dir, served + again, f"{tier}-cold", per_request), env)
     cold_log = runner.logs[-1].read_text()
-    stored = parse_lines(cold_log, STORED, skip=1)
+    stored = parse_lines(cold_log, "store", skip=1)
     if same_engine:
         stored = Transfers(stored.tokens[:len(served)], stored.bytes[:len(served)], stored.seconds[:len(served)])
-        warm, loaded = cold["requests"][len(served):], parse_lines(cold_log, RETRIEVED)
+        warm, loaded = cold["requests"][len(served):], parse_lines(cold_log, "load")
         memcpy_s = cold["memcpy_s"]
     else:
         result = runner.run(f"{tier}-warm", _spec(bench, model_dir, served, f"{tier}-warm", per_request), env)
         warm, memcpy_s = result["requests"], result["memcpy_s"]
-        loaded = parse_lines(runner.logs[-1].read_text(), RETRIEVED)
+        loaded = parse_lines(runner.logs[-1].read_text(), "load")
     memcpy_gbps = per_request / memcpy_s / 1e9
     return {
         "tier": tier,

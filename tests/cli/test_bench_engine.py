@@ -11,30 +11,33 @@ import pytest
 
 from lmcache_platforms.cli import bench
 from lmcache_platforms.tools.demo.model import TINY_MODEL
-from lmcache_platforms.tools.engine_bench import RETRIEVED, STORED, kv_bytes_per_token, parse_lines
+from lmcache_platforms.tools.engine_bench import kv_bytes_per_token, parse_lines
 
 LOG = """\
 LMCache INFO: [req_id=0-a] Stored 512 out of total 512 tokens. size: 0.0006 GB, cost 1.5000 ms, throughput: x
 lmcache_platforms INFO: request 0: stored tokens [0, 512) in LMCache, 655360 bytes written
-LMCache INFO: [req_id=1-b] Stored 512 out of total 512 tokens. size: 0.0006 GB, cost 2.5000 ms, throughput: x
+LMCache INFO: [req_id=1-b] Stored 512 out of total 512 tokens. size: 0.0002 GB, cost 2.5000 ms, throughput: x
+LMCache INFO: [req_id=1-b] Stored 512 out of total 512 tokens. size: 0.0004 GB, cost 1.0000 ms, throughput: x
 lmcache_platforms INFO: request 1: stored tokens [0, 512) in LMCache, 655360 bytes written
-LMCache INFO: [req_id=2-c] Retrieved 511 out of 511 required tokens (from 512 total tokens). size: 0.0003 gb, \
+LMCache INFO: [req_id=2-c/all] Retrieved 511 out of 511 required tokens (from 512 total tokens). size: 0.0003 gb, \
 cost 0.5000 ms, throughput: x
+LMCache INFO: [req_id=2-c/reach64] Retrieved 64 out of 64 required tokens (from 512 total tokens). size: 0.0001 gb, \
+cost 0.2500 ms, throughput: x
 lmcache_platforms INFO: request 1: loaded tokens [0, 511) from LMCache, 360448 bytes read
 """
 
 
-def test_lines_pair_lmcache_costs_with_our_exact_bytes() -> None:
-    stored = parse_lines(LOG, STORED, skip=1)
-    assert (stored.tokens, stored.bytes, stored.seconds) == ([512], [655360.0], [0.0025])
-    loaded = parse_lines(LOG, RETRIEVED)
-    assert (loaded.tokens, loaded.bytes, loaded.seconds) == ([511], [360448.0], [0.0005])
-    assert loaded.gbps == pytest.approx(360448 / 0.0005 / 1e9)
+def test_each_request_pairs_our_exact_bytes_with_the_cost_of_all_its_lmcache_calls() -> None:
+    stored = parse_lines(LOG, "store", skip=1)
+    assert (stored.tokens, stored.bytes, stored.seconds) == ([512], [655360.0], [pytest.approx(0.0035)])
+    loaded = parse_lines(LOG, "load")
+    assert (loaded.tokens, loaded.bytes, loaded.seconds) == ([511], [360448.0], [pytest.approx(0.00075)])
+    assert loaded.gbps == pytest.approx(360448 / 0.00075 / 1e9)
 
 
-def test_a_store_without_our_line_is_not_paired_with_a_load_line() -> None:
-    unpaired = LOG.replace("stored tokens [0, 512) in LMCache, 655360 bytes written", "something else")
-    assert parse_lines(unpaired, STORED).tokens == []
+def test_lmcache_calls_without_our_line_count_towards_none() -> None:
+    unlogged = LOG.replace("stored tokens [0, 512) in LMCache, 655360 bytes written", "something else")
+    assert parse_lines(unlogged, "store").tokens == []
 
 
 def run(argv: list[str]) -> int:
