@@ -15,6 +15,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from lmcache_platforms.layout.plane import Plane
 
 GIB = 1e9
 
@@ -41,9 +47,9 @@ def _fail(message: str) -> int:
 class Move:
     """One transfer group of one chunk: its planes, slots and chunk buffer."""
 
-    planes: tuple
-    slots: object
-    buffer: object
+    planes: tuple[Plane, ...]
+    slots: torch.Tensor
+    buffer: torch.Tensor
 
 
 def _synchronizer(device) -> Callable[[], None]:
@@ -59,7 +65,7 @@ def _synchronizer(device) -> Callable[[], None]:
 SETTLE_SECONDS = 0.005
 
 
-def _best_of_rounds(works: dict[str, Callable[[], None]], sync: Callable[[], None], repeats: int) -> dict:
+def _best_of_rounds(works: dict[str, Callable[[], object]], sync: Callable[[], None], repeats: int) -> dict:
     """Best seconds of each work, timed in interleaved rounds after one warm-up round.
 
     Interleaving puts every contender through the same moments of a shared, noisy machine, so the ratios
@@ -108,7 +114,7 @@ def _moves(layout, block_ids, chunks: int, device) -> list[list[Move]]:
     return out
 
 
-def _copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], None], float]]:
+def _copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], object], float]]:
     """Plain copies of ``num_bytes`` between two contiguous uint8 tensors: name -> (work, seconds factor).
 
     ``copy_`` is torch's (its intra-op threads). On CPU, a contiguous copy through the native library's
@@ -120,7 +126,7 @@ def _copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], None], floa
 
     src = torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copies = {"copy_": (lambda: dst.copy_(src), 1.0)}
+    copies: dict[str, tuple[Callable[[], object], float]] = {"copy_": (lambda: dst.copy_(src), 1.0)}
     if device.type != "cpu":
         return copies
     from lmcache_platforms.kernels.contract import Direction
@@ -168,6 +174,7 @@ def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
     from lmcache.v1.platform.torch_ops.mem_kernels import multi_layer_kv_transfer
 
     nb, bs, layers = shape[0], groups[0].block_size, len(spec.layers)
+    split: tuple[int, ...]
     if dims[:3] == ("nb", "kv", "bs"):
         fmt, split, kv_dims = EngineKVFormat.NL_X_NB_TWO_BS_NH_HS, (nb, 2, bs, -1), 2
     elif dims[:2] == ("nb", "bs") and "kv" not in dims:
@@ -219,7 +226,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
         return move
 
     copies = _copiers(moved, device)
-    works = {"store": run(Direction.STORE), "load": run(Direction.LOAD)}
+    works: dict[str, Callable[[], object]] = {"store": run(Direction.STORE), "load": run(Direction.LOAD)}
     works.update({name: work for name, (work, _) in copies.items()})
     best = _best_of_rounds(works, sync, args.repeats)
     best.update(_best_copy(best, copies))

@@ -22,6 +22,7 @@ failed-block reporting. Rules on top of upstream's:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from lmcache.integration.vllm.vllm_v1_adapter import (
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from lmcache_platforms.config import PlatformSettings, connector_settings
+from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm import health
@@ -45,6 +47,7 @@ from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
+from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
@@ -82,6 +85,13 @@ def moved_layers(bound: Mapping[str, Signature], kv_caches: Mapping[str, Any]) -
 
 def _describe(signature: Signature) -> str:
     return "; ".join(f"{hex(ptr)} {list(shape)} {dtype} on {device}" for ptr, shape, _, dtype, device in signature)
+
+
+def _bind(connector: LayoutConnector, layout: KVLayout) -> LayoutBinding:
+    """Bind ``layout`` to our GPU connector; the binding it made."""
+    connector.bind(layout)
+    assert connector.binding is not None  # bind always sets it
+    return connector.binding
 
 
 def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
@@ -126,6 +136,10 @@ def _is_resumed(cached_reqs: Any, index: int, req_id: str) -> bool:
 class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     """``LMCacheConnectorV1Impl`` for hybrid models; works for one group exactly like upstream's."""
 
+    # Set by upstream's __init__; typed here since LMCache ships no type information.
+    kv_caches: dict[str, Any]
+    layerwise_retrievers: list[Any]
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, parent: Any) -> None:
         super().__init__(vllm_config, role, parent)
         self._role_name = role.name.lower()
@@ -150,7 +164,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings,
                                     StepSettings.from_vllm(vllm_config, config.chunk_size))
             self._num_blocks = kv_cache_config.num_blocks
-        self.layout = None
+        self.layout: KVLayout | None = None
         self._key_tags: dict[str, str] = {}
         # vLLM 0.33 sleep mode: the KV caches may be unmapped while this is set (see unregister_kv_caches).
         self._kv_unregistered = False
@@ -197,8 +211,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             return
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
-        connector.bind(self.layout)
-        self._key_tags = dict(connector.binding.key_tags)
+        self._key_tags = dict(_bind(connector, self.layout).key_tags)
         tag_engine_lookups(engine, self._key_tags)
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
@@ -225,12 +238,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             if self._kv_unregistered:
                 self._skip_load(engine, request)
             elif request.load_while_waiting:
-                self.loads.submit(request.req_id, lambda _, guard, request=request:
-                                  self._load_one(engine, request, kvcaches, guard) is None,
+                self.loads.submit(request.req_id, partial(self._load_waiting, engine, request, kvcaches),
                                   wait=self.settings.load_mode == "sync")
             else:
-                first = self.loads.call(request.req_id, lambda guard, request=request:
-                                        self._load_one(engine, request, kvcaches, guard),
+                first = self.loads.call(request.req_id, partial(self._load_one, engine, request, kvcaches),
                                         on_failure=spec.vllm_cached_tokens)
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
@@ -250,6 +261,11 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self.loads.fail(request.req_id)
         else:
             self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
+
+    def _load_waiting(self, engine: Any, request: RequestMeta, kvcaches: list[Any], _req_id: str,
+                      guard: LoadGuard) -> bool:
+        """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
+        return self._load_one(engine, request, kvcaches, guard) is None
 
     def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any], guard: LoadGuard) -> int | None:
         """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
@@ -402,6 +418,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
             return  # nothing bound (degraded mode or nothing saved): nothing to rebind
         old_binding = connector.binding
+        assert old_binding is not None  # self.layout is set only once the connector is bound
         try:
             layout = build_layout(self.kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                   vllm_hint_for(self._vllm_config), self._num_blocks)
@@ -417,8 +434,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 f"{old_binding.fingerprint} -> {fmt.fingerprint}, {was[0].nbytes} -> {fmt.nbytes} bytes per "
                 "chunk): LMCache's chunk shape and keys were fixed when the caches were registered; transfers "
                 "stay off")
-        connector.bind(layout)
-        connector.binding.counters = old_binding.counters
+        _bind(connector, layout).counters = old_binding.counters
         self.layout = layout
         self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
         logger.warning("KV caches moved during vLLM sleep mode (%s); rebound the same chunk format (key tag %s)",
