@@ -107,20 +107,3 @@ def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk
     out = torch.full((physical_rows_per_chunk(group, chunk_size),), -1, dtype=torch.int64, device=device)
     out[:count] = _slots_of_rows(group, block_ids, rows)
     return out
-
-
-def primary_group(groups: Sequence[KVGroup], block_ids: Sequence[BlockIds]) -> KVGroup:
-    """The group whose block table covers the most tokens (ties: lowest index).
-
-    Counted in tokens (``len(ids) * tokens_per_block``) so a compressed group with few large blocks is not
-    outranked by a plain one covering less; ``block_ids`` is indexed by ``group.index`` as vLLM orders it.
-    """
-    if not groups:
-        raise LayoutError("no groups to choose a primary group from")
-
-    def coverage(group: KVGroup) -> tuple[int, int]:
-        if group.index >= len(block_ids):
-            raise LayoutError(f"{group.describe()}: no block ids given ({len(block_ids)} lists)")
-        return (len(block_ids[group.index]) * group.tokens_per_block, -group.index)
-
-    return max(groups, key=coverage)

@@ -198,17 +198,13 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def _attach_layout(self, kv_caches: dict[str, Any]) -> None:
         """Bind the caches' layout to our GPU connector; its key tags then go into every store, load and
-        lookup. Upstream's connector (lmcache_platforms not activated) can only serve a single group."""
+        lookup. Upstream's connector is refused: it needs the KV tensors and per-token slots in every call,
+        which our metadata does not carry (the catalog installs our connector factory with this impl)."""
         engine = self.lmcache_engine
         connector = engine.gpu_connector
         if not isinstance(connector, LayoutConnector):
-            if self.plan.multi_group:
-                raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, which moves one KV "
-                                   f"group only; this model has several ({self.plan.describe()}). Is "
-                                   "lmcache_platforms activated in this process?")
-            logger.warning("LMCache's GPU connector %s is upstream's: single-group transfers only",
-                           type(connector).__name__)
-            return
+            raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, not lmcache_platforms' "
+                               f"({self.plan.describe()}). Is lmcache_platforms activated in this process?")
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
         self._key_tags = dict(_bind(connector, self.layout).key_tags)
@@ -230,7 +226,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if engine is None:
             return
         metadata = self._parent._get_connector_metadata()
-        kvcaches = list(self.kv_caches.values())
         for request in metadata.requests:
             spec = request.load_spec
             if spec is None or not spec.can_load:
@@ -238,10 +233,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             if self._kv_unregistered:
                 self._skip_load(engine, request)
             elif request.load_while_waiting:
-                self.loads.submit(request.req_id, partial(self._load_waiting, engine, request, kvcaches),
+                self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
                                   wait=self.settings.load_mode == "sync")
             else:
-                first = self.loads.call(request.req_id, partial(self._load_one, engine, request, kvcaches),
+                first = self.loads.call(request.req_id, partial(self._load_one, engine, request),
                                         on_failure=spec.vllm_cached_tokens)
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
@@ -262,12 +257,11 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         else:
             self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
 
-    def _load_waiting(self, engine: Any, request: RequestMeta, kvcaches: list[Any], _req_id: str,
-                      guard: LoadGuard) -> bool:
+    def _load_waiting(self, engine: Any, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
         """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
-        return self._load_one(engine, request, kvcaches, guard) is None
+        return self._load_one(engine, request, guard) is None
 
-    def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any], guard: LoadGuard) -> int | None:
+    def _load_one(self, engine: Any, request: RequestMeta, guard: LoadGuard) -> int | None:
         """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
         Runs on the loader thread; never raises for a load that came back short."""
         spec = request.load_spec
@@ -286,8 +280,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             ret_mask = engine.retrieve(
                 request.token_ids[:num_tokens],
                 mask,
-                kvcaches=kvcaches,
-                slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
                 vllm_cached_tokens=spec.vllm_cached_tokens,
                 load_guard=guard,
                 **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)),
@@ -326,7 +318,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if engine is None:
             return
         metadata = self._parent._get_connector_metadata()
-        kvcaches = list(self.kv_caches.values())
         for request in metadata.requests:
             if request.load_while_waiting:
                 continue  # its load (maybe still running) releases its pins; it saves once scheduled
@@ -348,8 +339,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             engine.store(
                 request.token_ids[:end],
                 mask=mask,
-                kvcaches=kvcaches,
-                slot_mapping=request.slot_mapping[:end].to(self.device),
                 offset=start,
                 **self._transfer_kwargs(request, request.block_ids),
             )
@@ -411,10 +400,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         engine = self.lmcache_engine
         connector = getattr(engine, "gpu_connector", None)
         if self.layout is None or not isinstance(connector, LayoutConnector):
-            if engine is not None and self.plan.saved and connector is not None:
-                raise KVCacheMovedError(f"KV caches moved during vLLM sleep mode ({listed}); LMCache's GPU "
-                                        f"connector {type(connector).__name__} cannot be rebound, so transfers "
-                                        "stay off")
             self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
             return  # nothing bound (degraded mode or nothing saved): nothing to rebind
         old_binding = connector.binding
