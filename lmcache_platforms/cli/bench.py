@@ -15,6 +15,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from lmcache_platforms.layout.plane import Plane
 
 from lmcache_platforms.tools.copy_reference import best_copy, best_of_rounds, copiers
 
@@ -54,9 +60,9 @@ def _fail(message: str) -> int:
 class Move:
     """One transfer group of one chunk: its planes, slots and chunk buffer."""
 
-    planes: tuple
-    slots: object
-    buffer: object
+    planes: tuple[Plane, ...]
+    slots: torch.Tensor
+    buffer: torch.Tensor
 
 
 def _synchronizer(device) -> Callable[[], None]:
@@ -119,6 +125,7 @@ def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
     from lmcache.v1.platform.torch_ops.mem_kernels import multi_layer_kv_transfer
 
     nb, bs, layers = shape[0], groups[0].block_size, len(spec.layers)
+    split: tuple[int, ...]
     if dims[:3] == ("nb", "kv", "bs"):
         fmt, split, kv_dims = EngineKVFormat.NL_X_NB_TWO_BS_NH_HS, (nb, 2, bs, -1), 2
     elif dims[:2] == ("nb", "bs") and "kv" not in dims:
@@ -170,7 +177,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
         return move
 
     copies = copiers(moved, device)
-    works = {"store": run(Direction.STORE), "load": run(Direction.LOAD)}
+    works: dict[str, Callable[[], object]] = {"store": run(Direction.STORE), "load": run(Direction.LOAD)}
     works.update({name: work for name, (work, _) in copies.items()})
     best = best_of_rounds(works, sync, args.repeats)
     best.update(best_copy(best, copies))

@@ -51,13 +51,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = PlatformSettings.load()
-        rules = {
-            "state_markers": settings.state_markers,
-            "save_groups": settings.save_groups if args.save_groups is None else args.save_groups.split(","),
-            "skip_groups": settings.skip_groups if args.skip_groups is None else args.skip_groups.split(","),
-        }
         spec = load_layout_spec(args.layout)
-        layout = plan(spec, args.mode or settings.mode, **rules)
+        layout = plan(
+            spec,
+            args.mode or settings.mode,
+            state_markers=settings.state_markers,
+            save_groups=settings.save_groups if args.save_groups is None else args.save_groups.split(","),
+            skip_groups=settings.skip_groups if args.skip_groups is None else args.skip_groups.split(","),
+        )
     except (LayoutError, ValueError) as exc:
         print(f"lmcache-platforms plan: {exc}", file=sys.stderr)
         return 2

@@ -59,16 +59,7 @@ def selftest(layout_ref: str, mode: str, backend: str, seed: int = 0, layerwise:
     storage = StorageOptions(local_cpu=local_disk is None, max_local_cpu_size=cache_gib, local_disk=local_disk,
                              max_local_disk_size=cache_gib if local_disk else 0.0)
     with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=layerwise) as engine:
-        stored = roundtrip.snapshot(layout, request)
-        engine.store(request.tokens, request.store_ids)
-        engine.wait_stored(request.tokens, request.stored_tokens)
-        roundtrip.zero_planes(layout)
-        hit = engine.retrieve(request.tokens, request.load_ids)
-        verdict = roundtrip.verify(layout, request, stored, hit)
-        binding = engine.connector.binding
-        assert binding is not None, "LayoutEngine binds its connector"
-        counters = binding.counters
-    return roundtrip.summary(layout, request, verdict, hit, counters, spec.name)
+        return engine.round_trip(request, spec.name)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.layout.parts import ChunkPart
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
@@ -42,10 +43,13 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
         self.num_layers = int(metadata.kv_shape[0])
         self.binding: LayoutBinding | None = None
         self.formats: list[ChunkFormat] = []
+        self.parts: tuple[ChunkPart, ...] = ()
         self.kvcaches = None
 
-    def bind(self, layout: KVLayout) -> None:
-        """Attach the layout, cut into ``num_layers`` steps (the engine's layer count)."""
+    def bind(self, layout: KVLayout, split: bool = False) -> None:
+        """Attach the layout, cut into ``num_layers`` steps (the engine's layer count); chunks stay whole."""
+        if split:
+            raise TransferError("the layerwise connector stores chunks whole; chunk parts need the paged one")
         if len(layout.layers) < self.num_layers:
             raise TransferError(f"the engine splits chunks into {self.num_layers} layers but the layout has "
                                 f"only {len(layout.layers)}; set kv_shape[0] to at most that")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, plane_device
+from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, built_library, plane_device
 from lmcache_platforms.layout.plane import Plane
 
 LIBRARY_MODULE = "lmcache_platforms.kernels._ascend_transfer"
@@ -33,21 +33,18 @@ def load_op() -> tuple[Any, str]:
     """(the op namespace, "") or (None, why the Ascend kernel cannot be used here)."""
     if importlib.util.find_spec("torch_npu") is None:
         return None, "torch_npu is not installed"
-    try:
-        spec = importlib.util.find_spec(LIBRARY_MODULE)
-    except (ImportError, ValueError) as exc:
-        return None, f"cannot look up {LIBRARY_MODULE}: {exc}"
-    if spec is None or not spec.origin:
-        return None, f"{LIBRARY_MODULE} was not built; {_BUILD_HINT}"
+    path, why = built_library(LIBRARY_MODULE, _BUILD_HINT)
+    if path is None:
+        return None, why
     try:
         importlib.import_module("torch_npu")
-        torch.ops.load_library(spec.origin)
+        torch.ops.load_library(path)
         ops = getattr(torch.ops, OP_NAMESPACE)
         version = ops.abi_version()
     except Exception as exc:  # noqa: BLE001 - a stale or broken build must read as "unavailable", with why
-        return None, f"cannot load {spec.origin}: {type(exc).__name__}: {exc}; {_BUILD_HINT}"
+        return None, f"cannot load {path}: {type(exc).__name__}: {exc}; {_BUILD_HINT}"
     if version != ABI_VERSION:
-        return None, f"{spec.origin} has ABI {version}, this package needs {ABI_VERSION}; {_BUILD_HINT}"
+        return None, f"{path} has ABI {version}, this package needs {ABI_VERSION}; {_BUILD_HINT}"
     return ops, ""
 
 

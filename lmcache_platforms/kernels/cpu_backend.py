@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 from collections.abc import Sequence
 
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache
+from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, built_library
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
 
@@ -30,19 +29,16 @@ _REBUILD_HINT = "rebuild with `python setup.py build_ext --inplace` or `pip inst
 @functools.cache
 def load_library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, "") or (None, why it cannot be used)."""
+    path, why = built_library(LIBRARY_MODULE, _REBUILD_HINT)
+    if path is None:
+        return None, why
     try:
-        spec = importlib.util.find_spec(LIBRARY_MODULE)
-    except (ImportError, ValueError) as exc:
-        return None, f"cannot look up {LIBRARY_MODULE}: {exc}"
-    if spec is None or not spec.origin:
-        return None, f"{LIBRARY_MODULE} was not built; {_REBUILD_HINT}"
-    try:
-        lib = ctypes.CDLL(spec.origin)
+        lib = ctypes.CDLL(path)
         version = lib.lmcp_abi_version()
     except (OSError, AttributeError) as exc:
-        return None, f"cannot load {spec.origin}: {exc}; {_REBUILD_HINT}"
+        return None, f"cannot load {path}: {exc}; {_REBUILD_HINT}"
     if version != ABI_VERSION:
-        return None, f"{spec.origin} has ABI {version}, this package needs {ABI_VERSION}; {_REBUILD_HINT}"
+        return None, f"{path} has ABI {version}, this package needs {ABI_VERSION}; {_REBUILD_HINT}"
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.lmcp_transfer.restype = ctypes.c_int

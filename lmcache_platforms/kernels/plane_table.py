@@ -11,6 +11,7 @@ would otherwise write past it.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -38,6 +39,18 @@ FIELD = {name: offset for offset, name in enumerate(FIELDS)}
 # Reported by every native library built from csrc; bump whenever FIELDS changes, so a stale build is refused.
 ABI_VERSION = 1
 HEADER_PATH = "csrc/lmcp_plane_table.h"
+
+
+def built_library(module: str, hint: str) -> tuple[str | None, str]:
+    """(the file of the native kernel library ``module``, "") or (None, why it is absent); both native
+    backends (C for CPU, Ascend C) load one built against this table's ``ABI_VERSION``."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        return None, f"cannot look up {module}: {exc}"
+    if spec is None or not spec.origin:
+        return None, f"{module} was not built; {hint}"
+    return spec.origin, ""
 
 
 def c_header() -> str:

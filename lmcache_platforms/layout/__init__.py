@@ -13,7 +13,6 @@ from lmcache_platforms.layout.slots import (
     chunk_rows,
     chunk_slots,
     physical_rows_per_chunk,
-    primary_group,
     rows_for_tokens,
     slot_mapping,
 )
@@ -23,6 +22,6 @@ from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, pla
 __all__ = [
     "KVGroup", "KVLayout", "LayerEntry", "LayerSpec", "LayoutError", "LayoutSpec", "Plane", "PlaneGeometry",
     "PlaneSpec", "TensorLayout", "TransferGroup", "chunk_rows", "chunk_slots", "example_names", "is_saved",
-    "load_layout_spec", "physical_rows_per_chunk", "planes_from_dims", "planes_from_tensor", "primary_group",
-    "rows_for_tokens", "save_layout_spec", "saved_indices", "slot_mapping",
+    "load_layout_spec", "physical_rows_per_chunk", "planes_from_dims", "planes_from_tensor", "rows_for_tokens",
+    "save_layout_spec", "saved_indices", "slot_mapping",
 ]

@@ -121,20 +121,3 @@ def chunks_slots(group: KVGroup, block_ids: BlockIds, bounds: Sequence[tuple[int
 def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk_size: int) -> torch.Tensor:
     """Slots of the rows chunk ``[start, end)`` stores, in row order, padded with -1 to the physical size."""
     return chunks_slots(group, block_ids, [(start, end)], chunk_size)[0]
-
-
-def primary_group(groups: Sequence[KVGroup], block_ids: Sequence[BlockIds]) -> KVGroup:
-    """The group whose block table covers the most tokens (ties: lowest index).
-
-    Counted in tokens (``len(ids) * tokens_per_block``) so a compressed group with few large blocks is not
-    outranked by a plain one covering less; ``block_ids`` is indexed by ``group.index`` as vLLM orders it.
-    """
-    if not groups:
-        raise LayoutError("no groups to choose a primary group from")
-
-    def coverage(group: KVGroup) -> tuple[int, int]:
-        if group.index >= len(block_ids):
-            raise LayoutError(f"{group.describe()}: no block ids given ({len(block_ids)} lists)")
-        return (len(block_ids[group.index]) * group.tokens_per_block, -group.index)
-
-    return max(groups, key=coverage)

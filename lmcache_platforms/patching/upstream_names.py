@@ -29,9 +29,10 @@ _V1_IMPL = "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"
 _ENGINE_IMPL = "integration/vllm/engine_impl.py"
 
 UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
-    # vLLM's connector factory: our names are registered and removed through its private registry.
+    # vLLM's connector factory: vllm-ascend's entry for its LMCache name is replaced in the private registry
+    # (no public call replaces a name); our own name goes through the public register_connector.
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory", "_registry",
-                 "integration/vllm/registration.py, ascend_registration.py"),
+                 "integration/vllm/ascend_registration.py"),
     # vLLM's connector base class: our engine impl reads the parent's per-step metadata and cache config.
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_get_connector_metadata",
                  _ENGINE_IMPL),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.tools import roundtrip
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,17 @@ class LayoutEngine:
         finally:
             self.engine.lookup_unpin(request_id)
         return int(mask.sum())
+
+    def round_trip(self, request: roundtrip.Request, name: str) -> dict[str, Any]:
+        """Store ``request``, wipe the planes, load it back into its other blocks: the selftest summary."""
+        stored = roundtrip.snapshot(self.layout, request)
+        self.store(request.tokens, request.store_ids)
+        self.wait_stored(request.tokens, request.stored_tokens)
+        roundtrip.zero_planes(self.layout)
+        hit = self.retrieve(request.tokens, request.load_ids)
+        verdict = roundtrip.verify(self.layout, request, stored, hit)
+        assert self.connector.binding is not None
+        return roundtrip.summary(self.layout, request, verdict, hit, self.connector.binding.counters, name)
 
     def close(self) -> None:
         from lmcache.v1.cache_engine import LMCacheEngineBuilder

@@ -88,6 +88,13 @@ def materialize(
     return KVLayout.build(spec.groups, entries, spec.chunk_size, mode, saved, num_blocks=spec.num_blocks)
 
 
-def plan(spec: LayoutSpec, mode: str = "bundled", **rules: Sequence[str]) -> KVLayout:
+def plan(
+    spec: LayoutSpec,
+    mode: str = "bundled",
+    state_markers: Sequence[str] = ("State",),
+    save_groups: Sequence[str] = (),
+    skip_groups: Sequence[str] = (),
+) -> KVLayout:
     """The layout's transfer plan without allocating memory (planes on the meta device)."""
-    return materialize(spec, mode, device="meta", **rules)
+    return materialize(spec, mode, device="meta", state_markers=state_markers, save_groups=save_groups,
+                       skip_groups=skip_groups)

@@ -65,7 +65,8 @@ def make_request(layout: KVLayout, num_tokens: int, seed: int = 0) -> Request:
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(1, 30000, (num_tokens,), generator=gen).tolist()
     saved = {tg.group for tg in layout.transfer_groups}
-    store_ids, load_ids = [], []
+    store_ids: list[torch.Tensor] = []
+    load_ids: list[torch.Tensor] = []
     for group in sorted(layout.groups, key=lambda g: g.index):
         if group.index != len(store_ids):
             raise ValueError(f"group indices must be 0..{len(layout.groups) - 1}, got {group.index}")

@@ -15,10 +15,4 @@ def round_trip(layout: KVLayout, num_tokens: int, storage: StorageOptions | None
     storage = storage or StorageOptions(max_local_cpu_size=cache_size_gib(layout, num_tokens))
     with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=layerwise,
                       layer_steps=layer_steps) as engine:
-        stored = roundtrip.snapshot(layout, request)
-        engine.store(request.tokens, request.store_ids)
-        engine.wait_stored(request.tokens, request.stored_tokens)
-        roundtrip.zero_planes(layout)
-        hit = engine.retrieve(request.tokens, request.load_ids)
-        verdict = roundtrip.verify(layout, request, stored, hit)
-        return roundtrip.summary(layout, request, verdict, hit, engine.connector.binding.counters, "case")
+        return engine.round_trip(request, "case")

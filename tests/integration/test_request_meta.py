@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,8 +28,7 @@ def test_hybrid_saves_only_whole_chunks_even_at_the_end_of_the_prompt():
     meta = build_request_meta(t, plan, CHUNK, discard_partial_chunks=False)
     assert meta.save_spec.can_save and meta.save_spec.num_tokens == 64
     assert t.num_saved_tokens == 64
-    assert sorted(meta.slot_mappings) == [0, 1, 2, 3]
-    assert meta.slot_mappings[1][:3].tolist() == [5 * 32, 5 * 32 + 1, 5 * 32 + 2]
+    assert meta.block_ids == ((1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15, 16))
     # the next step crosses no new chunk boundary: nothing to do
     t.append(list(range(100, 110)), None)
     assert build_request_meta(t, plan, CHUNK) is None
@@ -40,7 +38,7 @@ def test_single_group_keeps_upstream_partial_chunk_rule():
     plan = single_group_plan(32)
     meta = build_request_meta(tracker(100, [[1, 2, 3, 4]]), plan, CHUNK, discard_partial_chunks=False)
     assert meta.save_spec.num_tokens == 100
-    assert meta.slot_mapping.tolist() == list(range(32, 132))  # blocks 1..4, 32 slots each
+    assert meta.block_ids == ((1, 2, 3, 4),)
 
 
 def test_chunks_with_rows_in_the_null_block_are_never_saved():
@@ -51,7 +49,6 @@ def test_chunks_with_rows_in_the_null_block_are_never_saved():
     assert first_savable_token(plan.saved_groups, ids, 0, 192, CHUNK) == 64
     meta = build_request_meta(t, plan, CHUNK)
     assert meta.save_spec.skip_leading_tokens == 64 and meta.save_spec.num_tokens == 192
-    assert meta.slot_mappings[1][:64].tolist() == [-1] * 64
 
 
 def test_window_smaller_than_chunk_needs_only_its_tail():
@@ -67,8 +64,6 @@ def test_failed_blocks_use_each_groups_own_block_size():
     meta = build_request_meta(t, plan, CHUNK, load_spec=LoadSpec(0, 512, True))
     assert meta.failed_blocks(256, 512) == {3, 4, 7, 8}
     assert meta.failed_blocks(130, 131) == {2, 6}
-    assert len(meta.slot_mappings[1]) == 128 and len(meta.slot_mapping) == 512
-    assert torch.equal(meta.slot_mappings[1][:2], torch.tensor([5 * 32, 5 * 32 + 1]))
 
 
 def test_load_only_request_and_decode_phase():

@@ -86,13 +86,9 @@ def test_requests_through_decode_preemption_abort_and_rollback(connector):
     assert (ma.save_spec.can_save, ma.save_spec.skip_leading_tokens, ma.save_spec.num_tokens) == (True, 0, 128)
     assert ma.token_ids == a.prompt_token_ids[:128]
     assert ma.block_ids == tuple(tuple(ids) for ids in tables["a"])
-    first_slot = tables["a"][0][0] * BLOCK
-    assert ma.primary == 0 and ma.slot_mapping[:2].tolist() == [first_slot, first_slot + 1]
-    assert ma.slot_mappings[3][BLOCK].item() == tables["a"][3][1] * BLOCK
     mc = metas["c"]
     # chunk [0, 64) of c has sliding-window rows in the null block: it must not be saved
     assert (mc.save_spec.skip_leading_tokens, mc.save_spec.num_tokens) == (64, 128)
-    assert mc.slot_mappings[1][:BLOCK].tolist() == [-1] * BLOCK
 
     # Step 2: a decodes one token (nothing to save), b finished.
     a.num_computed_tokens = 150
@@ -109,7 +105,6 @@ def test_requests_through_decode_preemption_abort_and_rollback(connector):
     ma = by_id(connector.build_connector_meta(step))["a"]
     assert ma.block_ids == tuple(tuple(ids) for ids in new_table)
     assert (ma.save_spec.skip_leading_tokens, ma.save_spec.num_tokens) == (0, 128)
-    assert ma.slot_mapping[0].item() == new_table[0][0] * BLOCK
 
     # Step 4: vLLM rolled a back to 64 computed tokens (a failed load elsewhere): recompute and save again.
     tracker = connector._impl._request_trackers["a"]

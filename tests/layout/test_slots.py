@@ -13,7 +13,6 @@ from lmcache_platforms.layout.slots import (
     chunk_rows,
     chunk_slots,
     physical_rows_per_chunk,
-    primary_group,
     rows_for_tokens,
     slot_mapping,
 )
@@ -120,23 +119,3 @@ def test_bad_chunk_ranges_are_rejected(start, end):
 def test_negative_block_id_is_rejected():
     with pytest.raises(LayoutError, match="negative block id -3"):
         slot_mapping(KVGroup(0, block_size=2), [1, -3], 4)
-
-
-@SETTINGS
-@given(kv_groups(max_groups=4), st.data())
-def test_primary_group_covers_most_tokens_lowest_index_on_ties(case, data):
-    groups, _ = case
-    tables = [list(range(1, 1 + data.draw(st.integers(0, 6)))) for _ in groups]
-    coverage = [len(tables[g.index]) * g.block_size * g.tokens_per_row for g in groups]
-    best = max(coverage)
-    assert primary_group(groups, tables).index == coverage.index(best)
-
-
-def test_primary_group_counts_tokens_not_rows():
-    plain = KVGroup(0, block_size=16)
-    compressed = KVGroup(1, block_size=16, tokens_per_row=4)
-    assert primary_group([plain, compressed], [[1, 2, 3], [4]]).index == 1
-    assert primary_group([plain, compressed], [[1, 2, 3, 4], [5]]).index == 0
-    assert primary_group([plain, compressed], [[1, 2, 3, 4, 5], [6]]).index == 0
-    with pytest.raises(LayoutError, match="no groups"):
-        primary_group([], [])

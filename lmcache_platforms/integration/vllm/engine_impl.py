@@ -22,6 +22,7 @@ failed-block reporting. Rules on top of upstream's:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from lmcache.integration.vllm.vllm_v1_adapter import (
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from lmcache_platforms.config import PlatformSettings, connector_settings
+from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layout_fingerprint, paged_format
 from lmcache_platforms.connector.parts import install_parts
 from lmcache_platforms.connector.protocol import LayoutConnector
@@ -46,6 +48,7 @@ from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
+from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
@@ -83,6 +86,13 @@ def moved_layers(bound: Mapping[str, Signature], kv_caches: Mapping[str, Any]) -
 
 def _describe(signature: Signature) -> str:
     return "; ".join(f"{hex(ptr)} {list(shape)} {dtype} on {device}" for ptr, shape, _, dtype, device in signature)
+
+
+def _bind(connector: LayoutConnector, layout: KVLayout, split: bool) -> LayoutBinding:
+    """Bind ``layout`` to our GPU connector (its chunks ``split`` into parts or whole); the binding it made."""
+    connector.bind(layout, split=split)
+    assert connector.binding is not None  # bind always sets it
+    return connector.binding
 
 
 def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
@@ -127,6 +137,10 @@ def _is_resumed(cached_reqs: Any, index: int, req_id: str) -> bool:
 class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     """``LMCacheConnectorV1Impl`` for hybrid models; works for one group exactly like upstream's."""
 
+    # Set by upstream's __init__; typed here since LMCache ships no type information.
+    kv_caches: dict[str, Any]
+    layerwise_retrievers: list[Any]
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, parent: Any) -> None:
         super().__init__(vllm_config, role, parent)
         self._role_name = role.name.lower()
@@ -151,7 +165,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings,
                                     StepSettings.from_vllm(vllm_config, config.chunk_size))
             self._num_blocks = kv_cache_config.num_blocks
-        self.layout = None
+        self.layout: KVLayout | None = None
         self._key_tags: dict[str, str] = {}
         # vLLM 0.33 sleep mode: the KV caches may be unmapped while this is set (see unregister_kv_caches).
         self._kv_unregistered = False
@@ -185,23 +199,19 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def _attach_layout(self, kv_caches: dict[str, Any]) -> None:
         """Bind the caches' layout to our GPU connector; its key tags then go into every store, load and
-        lookup. Upstream's connector (lmcache_platforms not activated) can only serve a single group."""
+        lookup. Upstream's connector is refused: it needs the KV tensors and per-token slots in every call,
+        which our metadata does not carry (the catalog installs our connector factory with this impl)."""
         engine = self.lmcache_engine
         connector = engine.gpu_connector
         if not isinstance(connector, LayoutConnector):
-            if self.plan.multi_group:
-                raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, which moves one KV "
-                                   f"group only; this model has several ({self.plan.describe()}). Is "
-                                   "lmcache_platforms activated in this process?")
-            logger.warning("LMCache's GPU connector %s is upstream's: single-group transfers only",
-                           type(connector).__name__)
-            return
+            raise RuntimeError(f"LMCache's GPU connector is {type(connector).__name__}, not lmcache_platforms' "
+                               f"({self.plan.describe()}). Is lmcache_platforms activated in this process?")
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
-        connector.bind(self.layout, split=self._split_chunks())
+        binding = _bind(connector, self.layout, self._split_chunks())
         if connector.parts:
             install_parts(engine, connector.parts, self._lmcache_chunk_size)
-        self._key_tags = dict(connector.binding.key_tags)
+        self._key_tags = dict(binding.key_tags)
         tag_engine_lookups(engine, self._key_tags)
 
     def _split_chunks(self) -> bool:
@@ -225,7 +235,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if engine is None:
             return
         metadata = self._parent._get_connector_metadata()
-        kvcaches = list(self.kv_caches.values())
         for request in metadata.requests:
             spec = request.load_spec
             if spec is None or not spec.can_load:
@@ -233,12 +242,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             if self._kv_unregistered:
                 self._skip_load(engine, request)
             elif request.load_while_waiting:
-                self.loads.submit(request.req_id, lambda _, guard, request=request:
-                                  self._load_one(engine, request, kvcaches, guard) is None,
+                self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
                                   wait=self.settings.load_mode == "sync")
             else:
-                first = self.loads.call(request.req_id, lambda guard, request=request:
-                                        self._load_one(engine, request, kvcaches, guard),
+                first = self.loads.call(request.req_id, partial(self._load_one, engine, request),
                                         on_failure=spec.vllm_cached_tokens)
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
@@ -259,7 +266,11 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         else:
             self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
 
-    def _load_one(self, engine: Any, request: RequestMeta, kvcaches: list[Any], guard: LoadGuard) -> int | None:
+    def _load_waiting(self, engine: Any, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
+        """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
+        return self._load_one(engine, request, guard) is None
+
+    def _load_one(self, engine: Any, request: RequestMeta, guard: LoadGuard) -> int | None:
         """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
         Runs on the loader thread; never raises for a load that came back short."""
         spec = request.load_spec
@@ -280,8 +291,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             ret_mask = engine.retrieve(
                 request.token_ids[:num_tokens],
                 mask,
-                kvcaches=kvcaches,
-                slot_mapping=request.slot_mapping[:num_tokens].to(self.device),
                 vllm_cached_tokens=spec.vllm_cached_tokens,
                 load_guard=guard,
                 **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)),
@@ -323,7 +332,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if engine is None:
             return
         metadata = self._parent._get_connector_metadata()
-        kvcaches = list(self.kv_caches.values())
         for request in metadata.requests:
             if request.load_while_waiting:
                 continue  # its load (maybe still running) releases its pins; it saves once scheduled
@@ -347,8 +355,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             engine.store(
                 request.token_ids[:end],
                 mask=mask,
-                kvcaches=kvcaches,
-                slot_mapping=request.slot_mapping[:end].to(self.device),
                 offset=start,
                 **self._transfer_kwargs(request, request.block_ids),
             )
@@ -413,13 +419,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         engine = self.lmcache_engine
         connector = getattr(engine, "gpu_connector", None)
         if self.layout is None or not isinstance(connector, LayoutConnector):
-            if engine is not None and self.plan.saved and connector is not None:
-                raise KVCacheMovedError(f"KV caches moved during vLLM sleep mode ({listed}); LMCache's GPU "
-                                        f"connector {type(connector).__name__} cannot be rebound, so transfers "
-                                        "stay off")
             self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
             return  # nothing bound (degraded mode or nothing saved): nothing to rebind
         old_binding = connector.binding
+        assert old_binding is not None  # self.layout is set only once the connector is bound
         try:
             layout = build_layout(self.kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                   vllm_hint_for(self._vllm_config), self._num_blocks)
@@ -435,12 +438,12 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 f"{old_binding.fingerprint} -> {layout_fingerprint(now)}, {sum(f.nbytes for f in was)} -> "
                 f"{sum(f.nbytes for f in now)} bytes per chunk): LMCache's chunk shape and keys were fixed when "
                 "the caches were registered; transfers stay off")
-        connector.bind(layout, split=bool(connector.parts))
-        connector.binding.counters = old_binding.counters
+        binding = _bind(connector, layout, bool(connector.parts))
+        binding.counters = old_binding.counters
         self.layout = layout
         self._kv_signatures = {name: kv_signature(value) for name, value in self.kv_caches.items()}
         logger.warning("KV caches moved during vLLM sleep mode (%s); rebound the same chunk format (key tag %s)",
-                       listed, connector.binding.fingerprint)
+                       listed, binding.fingerprint)
 
     def shutdown(self) -> None:
         """Chunk writes still in flight to LMCache's slower tiers finish first (bounded), so a server stopped

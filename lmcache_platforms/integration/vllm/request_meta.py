@@ -1,5 +1,5 @@
-"""What the scheduler tells the workers about one request for one step: tokens, every group's blocks and
-slots, and whether to load and/or save.
+"""What the scheduler tells the workers about one request for one step: tokens, every group's blocks, and
+whether to load and/or save. No slots travel: our GPU connector computes each chunk's slots from the blocks.
 
 The saving rule is upstream's (save once a chunk boundary is crossed, never partial chunks mid-prefill, not
 in decode unless asked) with two hybrid-model rules on top: with more than one saved group only whole chunks
@@ -24,7 +24,7 @@ import torch
 from lmcache_platforms.integration.vllm.groups import GroupPlan
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
 from lmcache_platforms.layout.groups import KVGroup
-from lmcache_platforms.layout.slots import chunk_rows, primary_group, rows_for_tokens, slot_mapping
+from lmcache_platforms.layout.slots import chunk_rows
 
 
 @dataclass
@@ -47,14 +47,11 @@ class SaveSpec:
 
 @dataclass
 class RequestMeta:
-    """One request's step: ``slot_mappings[g]`` are group g's slots of rows ``[0, rows(len(token_ids)))``;
-    ``slot_mapping`` maps each token to the primary group's slot (upstream's single per-token field)."""
+    """One request's step: its tokens, every group's block table (by group index) and what to load and save."""
 
     req_id: str
     token_ids: list[int]
     block_ids: tuple[tuple[int, ...], ...]
-    slot_mappings: dict[int, torch.Tensor]
-    primary: int
     save_spec: SaveSpec | None = None
     load_spec: LoadSpec | None = None
     request_configs: dict | None = None
@@ -63,14 +60,6 @@ class RequestMeta:
     step_tokens: int = 0
     # Its load runs while vLLM holds the request in WAITING_FOR_REMOTE_KVS; reported per request.
     load_while_waiting: bool = False
-
-    @property
-    def slot_mapping(self) -> torch.Tensor:
-        rows = self.slot_mappings[self.primary]
-        tokens_per_row = self.block_sizes[self.primary][1]
-        if tokens_per_row == 1:
-            return rows
-        return rows[torch.arange(len(self.token_ids)) // tokens_per_row]
 
     def blocks_not_held(self, vllm_cached_tokens: int, hit_tokens: int = 0) -> tuple[tuple[int, ...], ...]:
         """Block ids for a load of ``hit_tokens``: blocks wholly inside vLLM's own prefix hit become 0 (never
@@ -179,18 +168,10 @@ def build_request_meta(
         return None
     load_len = load_spec.lmcache_cached_tokens if load_spec is not None else 0
     token_ids = _token_ids_for_keys(tracker, max(num_to_save, min(load_len, num_tokens)))
-    primary = primary_group(groups, block_ids).index
-    slots = {
-        g.index: slot_mapping(g, block_ids[g.index], min(rows_for_tokens(len(token_ids), g),
-                                                          len(block_ids[g.index]) * g.block_size))
-        for g in groups
-    }
     return RequestMeta(
         req_id=tracker.req_id,
         token_ids=token_ids,
         block_ids=block_ids,
-        slot_mappings=slots,
-        primary=primary,
         save_spec=SaveSpec(skip_leading, can_save, num_to_save),
         load_spec=load_spec,
         request_configs=tracker.request_configs,

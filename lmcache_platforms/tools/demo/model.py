@@ -99,11 +99,11 @@ def ensure_model(
         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, query_pre_attn_scalar=spec.head_dim,
         sliding_window=spec.sliding_window, layer_types=spec.layer_types(),
         max_position_embeddings=spec.max_model_len, tie_word_embeddings=spec.tie_embeddings,
-        initializer_range=spec.init_range, torch_dtype="bfloat16",
+        initializer_range=spec.init_range, dtype="bfloat16",
     )
     config.architectures = ["Gemma3ForCausalLM"]
     torch.manual_seed(spec.seed)
-    model = Gemma3ForCausalLM(config).to(torch.bfloat16)
+    model = Gemma3ForCausalLM(config).bfloat16()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     save_word_tokenizer(folder, spec.vocab_size)

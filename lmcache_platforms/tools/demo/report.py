@@ -27,6 +27,11 @@ def _median_ttft(result: dict[str, Any] | None) -> float | None:
     return median(r["ttft_s"] for r in result["requests"])
 
 
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``; None when a pass had no requests (or took no time)."""
+    return numerator / denominator if numerator is not None and denominator else None
+
+
 def _verdicts(outcome: Outcome) -> list[Verdict]:
     cold, warm = outcome.passes.get("cold"), outcome.passes.get("warm")
     if not cold or not warm:
@@ -63,7 +68,7 @@ def summary(run: DemoRun) -> dict[str, Any]:
         "max_logit_drift_bf16_steps": max((v.max_logit_steps for v in verdicts), default=0.0),
         "ttft_cold_s": cold_ttft,
         "ttft_warm_s": warm_ttft,
-        "warm_over_cold": warm_ttft / cold_ttft if cold_ttft else None,
+        "warm_over_cold": _ratio(warm_ttft, cold_ttft),
         "ttft_cold_mean_s": _mean_ttft(cold),
         "ttft_warm_mean_s": _mean_ttft(warm),
         "cores": list(run.options.resources.cores),
@@ -78,7 +83,7 @@ def summary(run: DemoRun) -> dict[str, Any]:
         server_warm = _median_ttft(server.passes.get("warm")) if server else None
         result["ttft_warm_lmcache_server_s"] = server_warm
         result["lmcache_server_error"] = server.error.splitlines()[0] if server and server.error else None
-        result["warm_over_lmcache_server"] = warm_ttft / server_warm if server_warm else None
+        result["warm_over_lmcache_server"] = _ratio(warm_ttft, server_warm)
         reference = _against_no_connector(run)
         result["identical_to_no_connector"] = all(v.identical for v in reference) if reference else None
         result["different_from_no_connector"] = sum(not v.equivalent for v in reference) if reference else None
@@ -156,8 +161,9 @@ def render(run: DemoRun) -> str:
     for warning in sorted({w for result in (cold, warm) for w in result.get("warnings", [])}):
         lines.append(f"WARNING from the engine log: {warning}")
     cold_median, warm_median = _median_ttft(cold), _median_ttft(warm)
+    ratio = _ratio(warm_median, cold_median)
     lines += ["", f"median TTFT as the client saw it: cold {_fmt(cold_median)}, warm (fresh server) {_fmt(warm_median)}"
-              f" = {warm_median / cold_median:.3f}x cold   (means: cold {_fmt(_mean_ttft(cold))}, "
+              f" = {'-' if ratio is None else f'{ratio:.3f}x'} cold   (means: cold {_fmt(_mean_ttft(cold))}, "
               f"warm {_fmt(_mean_ttft(warm))})"]
     if run.options.compare:
         lines += ["", *_comparison(run)]
