@@ -21,7 +21,10 @@ from tests.reliability.conftest import SHORT_LOAD, WRITE_FAILED, failed_loads, r
 
 pytestmark = pytest.mark.slow
 
-BASE = {"lmcache.chunk_size": 64, "lmcache.max_local_cpu_size": 0.5}
+# Whole chunks: these scenarios check that a load failing at chunk k keeps the hit before it. With chunk parts
+# a failed load fails the whole hit (the window rows of a shorter hit were never read), which
+# tests/connector/test_chunk_parts.py checks.
+BASE = {"lmcache.chunk_size": 64, "lmcache.max_local_cpu_size": 0.5, "platforms.chunk_parts": "whole"}
 # Room for exactly two chunks of this model (131072 bytes each): the allocator is full after one short prompt.
 TWO_CHUNKS_GIB = 0.0003
 
@@ -62,9 +65,7 @@ def cpu_run(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     scenario arms a fault)."""
     workdir = tmp_path_factory.mktemp("cpu")
     env = faulty_env(install_faulty_backend(workdir / "plugin"), "none")
-    # Whole chunks: the capacity is counted in whole chunks (window parts would fit more of them).
-    connector = {**BASE, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": TWO_CHUNKS_GIB,
-                 "platforms.chunk_parts": "whole"}
+    connector = {**BASE, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": TWO_CHUNKS_GIB}
     scenarios = [
         {"name": "full", "fault": "none", "again": 1},
         {"name": "ok/140", "fault": "none"},
