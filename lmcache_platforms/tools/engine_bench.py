@@ -15,18 +15,16 @@ import argparse
 import re
 import shutil
 import statistics
-import subprocess
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lmcache_platforms.tools.demo.model import MODELS, ModelSpec, ensure_model
-from lmcache_platforms.tools.demo.runners import PassRunner, Resources, free_port
+from lmcache_platforms.tools.demo.runners import PassRunner, Resources
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config
 from lmcache_platforms.tools.demo.workload import Request, warmup_request
+from lmcache_platforms.tools.redis_server import RedisServer
 
 GIB = 2**30
 TIERS = ("cpu", "disk", "fs", "redis")
@@ -102,28 +100,6 @@ def lmcache_yaml(tier: str, chunk_size: int, cpu_gib: float, store_gib: float, s
     elif tier == "redis":
         lines += [f'remote_url: "{store}"', "remote_serde: naive"]
     return "\n".join(lines) + "\n"
-
-
-@contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
-    """``redis://127.0.0.1:PORT`` of a private redis-server without persistence, stopped afterwards."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("the redis tier needs redis-server on PATH (Debian package redis-server)")
-    port = free_port()
-    server = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly",
-                               "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        cli = shutil.which("redis-cli")
-        deadline = time.monotonic() + 10
-        while cli and subprocess.run([cli, "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {port} did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def prompts(bench: EngineBench) -> list[Request]:
@@ -202,8 +178,8 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
         progress(f"tier {tier}: {bench.requests} prompts of {bench.tokens} tokens")
         try:
             if tier == "redis":
-                with redis_server(store) as url:
-                    results.append(run_tier(bench, tier, model_dir, runner, url))
+                with RedisServer(str(store)) as server:
+                    results.append(run_tier(bench, tier, model_dir, runner, server.url))
             else:
                 results.append(run_tier(bench, tier, model_dir, runner, str(store.resolve())))
         except Exception as exc:  # noqa: BLE001 - one tier's failure is a result, not the end of the bench

@@ -22,10 +22,7 @@ import json
 import logging
 import os
 import random
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +31,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import lmcache_platforms  # noqa: F401 - activation, as the vllm.general_plugins entry point does
+from lmcache_platforms.tools.redis_server import RedisServer
 
 PROMPT_TOKENS = 300
 CHUNK = 64
@@ -81,51 +79,10 @@ class Captured(logging.Handler):
             logger.removeHandler(self)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def redis_client(server: RedisServer) -> Any:
+    import redis
 
-
-class RedisProcess:
-    """A private redis-server (no persistence) this run starts, stops and starts again on the same port."""
-
-    def __init__(self, binary: str, directory: str) -> None:
-        self.binary, self.directory, self.port = binary, directory, free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", self.directory], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while not self.client_ping():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.05)
-
-    def client_ping(self) -> bool:
-        import redis
-
-        try:
-            return bool(self.client().ping())
-        except (OSError, redis.RedisError):
-            return False
-
-    def client(self) -> Any:
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        self.process = None
+    return redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2)
 
 
 class Run:
@@ -133,12 +90,12 @@ class Run:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
-        self.redis: RedisProcess | None = None
+        self.redis: RedisServer | None = None
         store = spec.get("store") or {"kind": "none"}
         self.store = store
         extra = dict(spec["connector"] or {})
         if store["kind"] == "redis":
-            self.redis = RedisProcess(store["binary"], store["dir"])
+            self.redis = RedisServer(store["dir"], store["binary"])
             self.redis.start()
             extra["lmcache.remote_url"] = self.redis.url
         self.llm = self._engine(spec["model"], extra if spec["connector"] is not None else None, spec["policy"])
@@ -218,7 +175,7 @@ class Run:
             self.redis.stop()
             return self.redis.start
         if self.redis is not None:
-            client = self.redis.client()
+            client = redis_client(self.redis)
             name_of = {"metadata": key.to_string() + "metadata", "kv_bytes": key.to_string() + "kv_bytes"}
             if fault == "redis_shape":
                 self.reshape(client, name_of["metadata"], name_of["kv_bytes"])
