@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="store and load N-token prompts through in-process vLLM engines with our connector, "
                              "per LMCache storage tier, against a copy of the same bytes in the same process")
     engine.add_argument("--model", choices=("demo", "tiny"), default="demo", help="the random model (default demo)")
+    engine.add_argument("--full-attention-every", type=int, default=None,
+                        help="every Nth layer attends fully, the others slide (default: the model's; vLLM makes "
+                             "one KV-cache group per layer type and share, so this sets the number of groups)")
     engine.add_argument("--tokens", type=int, default=2048, help="tokens per prompt (default 2048)")
     engine.add_argument("--requests", type=int, default=3, help="prompts per tier (default 3)")
     engine.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (default 256)")

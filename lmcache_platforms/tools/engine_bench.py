@@ -191,8 +191,14 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
 
 
 def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
-    """The EngineBench ``bench --engine`` asked for; the model's context grows to fit ``--tokens``."""
+    """The EngineBench ``bench --engine`` asked for: the model's context grows to fit ``--tokens``; another
+    ``--full-attention-every`` makes a variant with as many KV bytes per token and another number of groups."""
     model = MODELS[args.model]
+    if args.full_attention_every is not None:
+        every = args.full_attention_every
+        if not 1 <= every <= model.num_layers:
+            raise ValueError(f"--full-attention-every must be 1 to {model.num_layers}, got {every}")
+        model = replace(model, name=f"{model.name}-full{every}", full_attention_every=every)
     if args.tokens + 1 > model.max_model_len:
         context = 1 << (args.tokens + 1).bit_length()
         model = replace(model, name=f"{model.name}-ctx{context}", max_model_len=context)

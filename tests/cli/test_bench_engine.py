@@ -50,6 +50,7 @@ def run(argv: list[str]) -> int:
     ([], "give --layout (a layout file or shipped example) or --engine"),
     (["--engine", "--tokens", "64"], "--engine needs --tokens >= --chunk-size and --requests >= 1, got 64, 256, 3"),
     (["--engine", "--tiers", "cpu,tape"], "--tiers takes a comma list of cpu, disk, fs, redis, got 'cpu,tape'"),
+    (["--engine", "--model", "tiny", "--full-attention-every", "5"], "--full-attention-every must be 1 to 4, got 5"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys, tmp_path) -> None:
     assert run([*argv, "--workdir", str(tmp_path)]) == 2
