@@ -95,6 +95,21 @@ def _bind(connector: LayoutConnector, layout: KVLayout, split: bool) -> LayoutBi
     return connector.binding
 
 
+def whole_chunk_reader(lmcache_config: Any, engine: Any) -> str | None:
+    """Why LMCache's remote store could read only whole chunks, or None. A remote connector that does not save
+    each object's metadata (``save_chunk_meta: false``, or one that never does) sizes every read as a whole
+    chunk, so a part would come back as the wrong size and every load would fail."""
+    extra = getattr(lmcache_config, "extra_config", None) or {}
+    if getattr(lmcache_config, "remote_url", None) and extra.get("save_chunk_meta", True) is False:
+        return "LMCache's extra_config sets save_chunk_meta: false for the remote store"
+    backends = getattr(getattr(engine, "storage_manager", None), "storage_backends", {})
+    for name, backend in backends.items():
+        connection = getattr(backend, "connection", None)
+        if connection is not None and getattr(connection, "save_chunk_meta", True) is False:
+            return f"LMCache's {name} ({type(connection).__name__}) stores no per-object metadata"
+    return None
+
+
 def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
     """Our keys as the GPU connector reads them: vLLM's ``kv_connector_extra_config`` over the environment over
     LMCache's ``extra_config``."""
@@ -215,9 +230,14 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         tag_engine_lookups(engine, self._key_tags)
 
     def _split_chunks(self) -> bool:
-        """Chunk parts (``connector.parts``) unless the setting says whole, or LMCache's async loading is on
-        (its prefetching lookup knows one key per chunk)."""
-        return self.settings.chunk_parts == "window" and not self.async_loading
+        """Chunk parts (``connector.parts``) unless the setting says whole, LMCache's async loading is on (its
+        prefetching lookup knows one key per chunk), or a remote store reads chunks whole (logged)."""
+        if self.settings.chunk_parts != "window" or self.async_loading:
+            return False
+        reason = whole_chunk_reader(self.config, self.lmcache_engine)
+        if reason is not None:
+            logger.info("platforms.chunk_parts=window but %s: chunks are stored whole", reason)
+        return reason is None
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
