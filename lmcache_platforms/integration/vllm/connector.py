@@ -26,7 +26,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from lmcache_platforms.integration.vllm.readiness import ensure_ready
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
     from lmcache_platforms.integration.vllm.engine_impl import MultiGroupConnectorImpl
 
@@ -70,8 +79,10 @@ def _shut_down_before_threads_are_joined(connector: LMCachePlatformsConnector) -
 class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM v1 KV connector (both roles) backed by an in-process LMCache engine, for any number of groups."""
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
-        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        # None where vLLM builds the connector without one (the scheduler-side probe of older releases).
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
         impl_class = _impl_class()
         ensure_ready()
         self._impl = impl_class(vllm_config, role, self)
@@ -90,13 +101,14 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         super().bind_connector_metadata(connector_metadata)
         self._impl.bind_connector_metadata(connector_metadata)
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._impl.start_load_kv(forward_context, **kwargs)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._impl.wait_for_layer_load(layer_name)
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
         """``kv_layer`` may be a tensor or (vLLM 0.23 MLA/DSA layers) a list of them; passed on untouched."""
         self._impl.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
 
@@ -109,7 +121,7 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         results = self._impl.get_transfer_results()
         return None, results.finished or None
 
-    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Loads that ran while their request waited and ended since the last step; failed ones are in both
         ``finished_recving`` and ``failed_recving``, so vLLM recomputes or fails that request alone."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
@@ -147,23 +159,23 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
             self._impl.shutdown()
 
     # Scheduler side
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._impl.get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         self._impl.update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._impl.update_connector_output(connector_output)
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._impl.build_connector_meta(scheduler_output)
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._impl.request_finished(request, block_ids)
 
     def request_finished_all_groups(
-        self, request: Any, block_ids: tuple[list[int], ...]
+        self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         return self._impl.request_finished_all_groups(request, block_ids)
 
