@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lmcache.integration.vllm.utils import extract_mm_features
@@ -50,6 +50,18 @@ from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMet
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
+
+if TYPE_CHECKING:
+    from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.config import LMCacheEngineConfig
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from lmcache_platforms.integration.vllm.connector import LMCachePlatformsConnector
 
 logger = init_logger(__name__)
 
@@ -110,7 +122,7 @@ def whole_chunk_reader(lmcache_config: Any, engine: Any) -> str | None:
     return None
 
 
-def _settings(lmcache_config: Any, vllm_config: Any) -> PlatformSettings:
+def _settings(lmcache_config: LMCacheEngineConfig, vllm_config: VllmConfig) -> PlatformSettings:
     """Our keys as the GPU connector reads them: vLLM's ``kv_connector_extra_config`` over the environment over
     LMCache's ``extra_config``."""
     return connector_settings(lmcache_config, getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config",
@@ -127,7 +139,7 @@ def _reports_failed_loads() -> bool:
 _policy_warned = False
 
 
-def warn_about_failure_policy(vllm_config: Any, hits_allowed: bool) -> None:
+def warn_about_failure_policy(vllm_config: VllmConfig, hits_allowed: bool) -> None:
     """Once per process: vLLM's default ``kv_load_failure_policy`` ("fail") ends a request whose load failed,
     though LMCache can always recompute it; say how to choose recomputation."""
     global _policy_warned
@@ -156,7 +168,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     kv_caches: dict[str, Any]
     layerwise_retrievers: list[Any]
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, parent: Any) -> None:
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, parent: LMCachePlatformsConnector) -> None:
         super().__init__(vllm_config, role, parent)
         self._role_name = role.name.lower()
         health.record(self._role_name, "init", self._manager)
@@ -169,7 +181,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if role == KVConnectorRole.SCHEDULER:
             warn_about_failure_policy(vllm_config, self.plan.hits_allowed)
 
-    def _init_connector_state(self, role: KVConnectorRole, vllm_config: Any, config: Any) -> None:
+    def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
+                              config: LMCacheEngineConfig) -> None:
         super()._init_connector_state(role, vllm_config, config)
         self.settings = _settings(config, vllm_config)
         kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
@@ -249,7 +262,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         return {"block_ids": block_ids, "request_configs": with_tags(meta.request_configs, self._key_tags),
                 "req_id": meta.req_id}
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self.current_layer = 0
         engine = self.lmcache_engine
         if engine is None:
@@ -270,7 +283,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
 
-    def _skip_load(self, engine: Any, request: RequestMeta) -> None:
+    def _skip_load(self, engine: LMCacheEngine, request: RequestMeta) -> None:
         """A load while the KV caches are unregistered (vLLM stepped before restore_kv_caches): nothing is
         copied into memory that may be unmapped, and the load is reported failed (per request, or per block for
         a single-group model's same-step load), so vLLM recomputes rather than decode from rows never loaded."""
@@ -286,11 +299,11 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         else:
             self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
 
-    def _load_waiting(self, engine: Any, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
+    def _load_waiting(self, engine: LMCacheEngine, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
         """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
         return self._load_one(engine, request, guard) is None
 
-    def _load_one(self, engine: Any, request: RequestMeta, guard: LoadGuard) -> int | None:
+    def _load_one(self, engine: LMCacheEngine, request: RequestMeta, guard: LoadGuard) -> int | None:
         """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
         Runs on the loader thread; never raises for a load that came back short."""
         spec = request.load_spec
@@ -393,7 +406,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     # ------------------------------------------------------------------ vLLM 0.33 sleep mode
 
-    def _binding(self) -> Any:
+    def _binding(self) -> LayoutBinding | None:
         """Our GPU connector's binding (None in degraded mode, with upstream's connector, or before binding)."""
         connector = getattr(self.lmcache_engine, "gpu_connector", None)
         return connector.binding if isinstance(connector, LayoutConnector) else None
@@ -475,7 +488,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     # ------------------------------------------------------------------ scheduler side
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """LMCache's hit beyond vLLM's own, and whether it loads while the request waits. A request whose load
         failed once is recomputed: a second lookup would find the same broken chunk."""
         if not self.plan.hits_allowed or request.request_id in self._failed_loads:
@@ -485,7 +498,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             tokens = self._to_snapshot(request.request_id, num_computed_tokens, tokens)
         return tokens, bool(tokens) and self.waits_for_loads
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Upstream's bookkeeping; a load that waits is described now, with every group's blocks, and goes to
         the workers with this step's metadata (vLLM schedules the request only once it is reported)."""
         super().update_state_after_alloc(request, num_external_tokens)
@@ -509,7 +522,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._wait_loads[req_id] = meta
         self._loaded_while_waiting[req_id] = hit
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Scheduler side: remember failed wait-state loads, so the request is recomputed and saved anew."""
         for req_id in getattr(connector_output, "failed_recving", None) or ():
             self._failed_loads.add(req_id)
@@ -544,7 +557,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             force_skip_save=self.kv_role == "kv_consumer" or self.force_skip_save,
         )
 
-    def build_connector_meta(self, scheduler_output: Any) -> LMCacheConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> LMCacheConnectorMetadata:
         meta = LMCacheConnectorMetadata()
         if self.lookup_client is None:
             return meta
@@ -582,7 +595,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if request is not None:
             meta.add_request(request)
 
-    def _update_cached(self, scheduler_output: Any, cached: Any, index: int, req_id: str) -> RequestMeta | None:
+    def _update_cached(self, scheduler_output: SchedulerOutput, cached: CachedRequestData, index: int,
+                       req_id: str) -> RequestMeta | None:
         tracker = self._request_trackers.get(req_id)
         request = self._unfinished_requests.get(req_id)
         if tracker is None or request is None:
@@ -603,7 +617,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             tracker.append(list(request.all_token_ids[base : base + num_new]), new_block_ids)
         return self._meta(tracker, load_spec)
 
-    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, Any]:
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, Any]:
         """vLLM's HMA hook: saving is synchronous (wait_for_save), so blocks can be freed at once. (A request
         finished while its load waits keeps its blocks until the load is reported: vLLM sees to that.)"""
         req_id = request.request_id
