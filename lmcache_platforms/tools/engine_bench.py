@@ -104,7 +104,8 @@ def lmcache_yaml(tier: str, chunk_size: int, cpu_gib: float, store_gib: float, s
 
 def prompts(bench: EngineBench) -> list[Request]:
     """``bench.requests`` distinct prompts of ``bench.tokens`` tokens, the same for every tier."""
-    return [warmup_request(bench.tokens, bench.model.vocab_size, f"bench-{i}") for i in range(bench.requests)]
+    return [Request(f"prompt-{i}", warmup_request(bench.tokens, bench.model.vocab_size, f"bench-{i}").tokens)
+            for i in range(bench.requests)]
 
 
 def _spec(bench: EngineBench, model_dir: Path, served: list[Request], salt: str, memcpy_bytes: int) -> dict[str, Any]:
