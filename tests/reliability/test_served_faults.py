@@ -58,7 +58,9 @@ def test_a_failed_load_ends_only_its_request_and_the_server_serves_on(model: Pat
     config = tmp_path / "lmcache.yaml"
     config.write_text(f'chunk_size: 64\nlocal_cpu: false\nmax_local_cpu_size: 0.5\nlocal_disk: "file://{store}/"\n'
                       "max_local_disk_size: 1\n")
-    kv_transfer_config = {"kv_connector": OUR_CONNECTOR, "kv_role": "kv_both", "kv_load_failure_policy": "fail"}
+    # Whole chunks: the scenario counts one disk file per chunk (parts would make two per chunk).
+    kv_transfer_config = {"kv_connector": OUR_CONNECTOR, "kv_role": "kv_both", "kv_load_failure_policy": "fail",
+                          "kv_connector_extra_config": {"platforms.chunk_parts": "whole"}}
     args = [*serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len), "--no-enable-prefix-caching"]
     log = tmp_path / "server.log"
     server = VllmServer.for_model(model, kv_transfer_config, args, log, Resources.available(),

@@ -22,9 +22,10 @@ _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 
 
 def hit_counters(base_url: str) -> dict[str, int]:
-    """Totals so far of prefix-cache hit tokens, from the server's Prometheus metrics."""
+    """Totals so far of prefix-cache hit tokens, from the server's Prometheus metrics (read without hurry: on a
+    busy 2-core machine a fresh server's first /metrics answer once took over 5 s)."""
     totals = dict.fromkeys(HIT_COUNTERS, 0)
-    for line in http_get(f"{base_url}/metrics").splitlines():
+    for line in http_get(f"{base_url}/metrics", timeout_s=60.0).splitlines():
         match = _SAMPLE.match(line)
         if match is None:
             continue
