@@ -6,7 +6,8 @@ connector, the storage backends and vLLM's own threads. Each tier serves the sam
 fresh in-process engines (``tools/demo/engine_pass``, cores pinned as the demo pins them). A cold pass stores
 them; the local CPU tier then serves them again in the same engine with vLLM's prefix cache off, so every hit
 is LMCache's; every other tier serves them from a fresh engine whose CPU cache is empty, so every hit is read
-from that tier. Speeds are LMCache's own: the size and cost of its "Stored" and "Retrieved" line per request.
+from that tier. A request's speed is our connector's exact byte count for it over the cost LMCache's own
+"Stored" / "Retrieved" lines report for it (one line per chunk part).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class EngineBench:
 
 @dataclass
 class Transfers:
-    """LMCache's lines of one pass, the warm-up's store left out."""
+    """Per request of one pass: tokens and bytes from our line, seconds from LMCache's lines."""
 
     tokens: list[int] = field(default_factory=list)
     bytes: list[float] = field(default_factory=list)
