@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* lmcp_plane and LMCP_ABI_VERSION, generated from lmcache_platforms/kernels/plane_table.py. */
 #include "../lmcp_plane_table.h"
@@ -76,11 +79,45 @@ static inline int64_t prefetch_rows(const lmcp_plane *p, const int64_t *slots, i
     return from > until ? from : until;
 }
 
+/*
+ * Runs of at least LMCP_STREAM_BYTES (whole block pages) are written with non-temporal stores: a page
+ * copied with plain stores first reads the destination's cache lines in, and a store or load of many pages
+ * never reads them back soon. Measured on 64 KiB pages from random blocks, single thread: 13 GB/s against 11
+ * for memcpy (store) and 16 against 11 (load). Each thread fences its streaming stores before it reports
+ * its items done (run_items).
+ */
+#define LMCP_STREAM_BYTES 16384
+
+#if defined(__SSE2__)
+static void stream_copy(uint8_t *dst, const uint8_t *src, size_t bytes) {
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 64 <= bytes; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, bytes - i);
+}
+static inline void stream_fence(void) { _mm_sfence(); }
+#else
+static void stream_copy(uint8_t *dst, const uint8_t *src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void stream_fence(void) {}
+#endif
+
 static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t bytes, int direction) {
-    if (direction == LMCP_STORE) {
-        memcpy(buf_bytes, plane_bytes, bytes);
+    uint8_t *dst = direction == LMCP_STORE ? buf_bytes : plane_bytes;
+    const uint8_t *src = direction == LMCP_STORE ? plane_bytes : buf_bytes;
+    if (bytes >= LMCP_STREAM_BYTES) {
+        stream_copy(dst, src, bytes);
     } else {
-        memcpy(plane_bytes, buf_bytes, bytes);
+        memcpy(dst, src, bytes);
     }
 }
 
@@ -143,7 +180,6 @@ static void move_tail_segments(const lmcp_plane *p, uint8_t *plane_run, uint8_t 
 LMCP_TILES(move_tiles_4, uint32_t)
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
 
 /* The 8 x 8 transpose of 2-byte elements in registers: three rounds of interleaving 2-, 4- and 8-byte pairs. */
 static inline void transpose_8x8_16(__m128i v[8]) {
@@ -264,9 +300,10 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
 /*
  * Items a thread takes at once: about a quarter of its share, so each thread streams through long
  * contiguous stretches (64-item grabs interleaved the threads and cost a third of the store speed) while a
- * helper that joins late still finds work.
+ * helper that joins late still finds work. Sized in bytes: a block row (a whole page) is a long item, and
+ * 64 of them would leave the helper nothing to take.
  */
-#define LMCP_MIN_GRAIN 64
+#define LMCP_MIN_GRAB_BYTES (16 * 1024)
 #define LMCP_GRABS_PER_THREAD 4
 #define LMCP_MAX_HELPERS 255
 
@@ -286,7 +323,10 @@ static void run_items(lmcp_job *job) {
     const int64_t rows = job->num_rows;
     for (;;) {
         int64_t start = atomic_fetch_add_explicit(&job->next, job->grain, memory_order_relaxed);
-        if (start >= job->items) return;
+        if (start >= job->items) {
+            stream_fence();
+            return;
+        }
         int64_t end = start + job->grain < job->items ? start + job->grain : job->items;
         for (int64_t p = start / rows; p * rows < end; ++p) {
             int64_t first = p * rows > start ? 0 : start - p * rows;
@@ -429,13 +469,16 @@ int lmcp_transfer(const lmcp_plane *planes, int64_t num_planes, const int64_t *s
     for (int64_t p = 0; p < num_planes; ++p) total_bytes += planes[p].row_bytes * num_rows;
     const int threads = total_bytes < LMCP_PARALLEL_MIN_BYTES || num_threads < 1 ? 1 : num_threads;
     const int64_t items = num_planes * num_rows;
-    int64_t grain = items / ((int64_t)threads * LMCP_GRABS_PER_THREAD);
+    int64_t grab_bytes = total_bytes / ((int64_t)threads * LMCP_GRABS_PER_THREAD);
+    if (grab_bytes < LMCP_MIN_GRAB_BYTES) grab_bytes = LMCP_MIN_GRAB_BYTES;
+    const int64_t item_bytes = items > 0 && total_bytes / items > 0 ? total_bytes / items : 1;
+    const int64_t grain = grab_bytes / item_bytes > 1 ? grab_bytes / item_bytes : 1;
     lmcp_job job = {planes,
                     slots,
                     slots_plane_stride,
                     num_rows,
                     items,
-                    grain > LMCP_MIN_GRAIN ? grain : LMCP_MIN_GRAIN,
+                    grain,
                     buffer,
                     direction,
                     0};

@@ -48,6 +48,24 @@ def test_interleaved_rows_match_torch_both_ways(case, seed):
     assert_load_matches_torch(CPU, *case, seed)
 
 
+@settings(max_examples=25, deadline=None)
+@given(page=st.integers(16 * 1024 - 3, 48 * 1024), offset=st.integers(0, 63), planes=st.integers(1, 3),
+       data=st.data())
+def test_block_pages_stream_both_ways(page, offset, planes, data):
+    """Block rows (a whole page, 16 KiB and more) go through non-temporal stores: destinations at every
+    alignment, a tail shorter than one 64-byte step, runs of adjacent pages, holes."""
+    blocks = 6
+    storage = torch.randint(0, 256, (planes * blocks * page + offset + 64,), dtype=torch.uint8)
+    geometry = PlaneGeometry(blocks, page, 1, 0, 1, page, 0)
+    group = [Plane(f"l{i}", "page", 0, torch.uint8, geometry, offset + i * blocks * page, storage)
+             for i in range(planes)]
+    slots = torch.tensor(data.draw(st.lists(st.sampled_from([-1, 0, 1, 2, 3, 4, 5]), min_size=1, max_size=6,
+                                            unique=True)), dtype=torch.int64)
+    seed = data.draw(st.integers(0, 1000))
+    assert_store_matches_torch(CPU, group, slots, seed)
+    assert_load_matches_torch(CPU, group, slots, seed)
+
+
 def test_parallel_path_on_a_big_group():
     """Over the parallel threshold: 16 planes of 64 blocks x 16 rows x 512 bytes, runs and holes (distinct)."""
     storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
