@@ -18,6 +18,7 @@ from typing import Any
 MODES = ("bundled", "exploded")
 LOAD_MODES = ("async", "sync")
 CHUNK_PARTS = ("window", "whole")
+CHUNK_ROWS = ("blocks", "tokens")
 SETTINGS_PREFIX = "platforms."
 
 
@@ -57,6 +58,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("platforms.chunk_parts", "LMCACHE_PLATFORMS_CHUNK_PARTS", "window",
             "window: window and snapshot groups get their own object per chunk, so a load reads only the chunks "
             "their window needs; whole: one object per chunk"),
+    Setting("platforms.chunk_rows", "LMCACHE_PLATFORMS_CHUNK_ROWS", "blocks",
+            "blocks: where chunks are saved whole and cover whole blocks, a chunk holds each block's page as one "
+            "row (one copy per page); tokens: one row per token, as LMCache does"),
 )
 
 
@@ -97,6 +101,7 @@ class PlatformSettings:
     drain_timeout_s: float = 30.0
     remote_close_timeout_s: float = 5.0
     chunk_parts: str = "window"
+    chunk_rows: str = "blocks"
 
     @classmethod
     def load(
@@ -117,7 +122,8 @@ class PlatformSettings:
             else:
                 raw = environ.get(setting.env, extra.get(setting.key, setting.default))
             values[field.name] = _convert(setting.key, field.default, raw)
-        for key, allowed in (("mode", MODES), ("load_mode", LOAD_MODES), ("chunk_parts", CHUNK_PARTS)):
+        for key, allowed in (("mode", MODES), ("load_mode", LOAD_MODES), ("chunk_parts", CHUNK_PARTS),
+                             ("chunk_rows", CHUNK_ROWS)):
             if values[key] not in allowed:
                 raise ValueError(f"platforms.{key} must be one of {', '.join(allowed)}, got {values[key]!r}")
         return cls(**values)

@@ -41,7 +41,8 @@ def test_environment_overrides_extra_config_and_kv_connector_extra_config_overri
               "platforms.remote_retry_s": ("5.0", "0.0", "60.0"),
               "platforms.drain_timeout_s": ("1.0", "0.0", "90.0"),
               "platforms.remote_close_timeout_s": ("2.0", "0.0", "9.0"),
-              "platforms.chunk_parts": ("whole", "window", "whole")}.get(setting.key, ("A", "B", "C"))
+              "platforms.chunk_parts": ("whole", "window", "whole"),
+              "platforms.chunk_rows": ("tokens", "blocks", "tokens")}.get(setting.key, ("A", "B", "C"))
     file_value, env_value, vllm_value = values
 
     def got(settings: PlatformSettings) -> object:

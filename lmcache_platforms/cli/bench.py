@@ -162,8 +162,9 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     from lmcache_platforms.kernels.registry import select_backend
     from lmcache_platforms.tools.fixtures import materialize
 
-    layout = materialize(spec, args.mode, device=device, seed=args.seed)
-    preference = args.backend or PlatformSettings.load().kernel_backend
+    settings = PlatformSettings.load()
+    layout = materialize(spec, args.mode, device=device, seed=args.seed, rows=settings.chunk_rows)
+    preference = args.backend or settings.kernel_backend
     backend = select_backend([p for tg in layout.transfer_groups for p in tg.planes], device, preference)
     moves = _moves(layout, block_ids, chunks, device)
     moved = sum(m.buffer.numel() for chunk in moves for m in chunk)

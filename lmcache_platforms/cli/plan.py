@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             state_markers=settings.state_markers,
             save_groups=settings.save_groups if args.save_groups is None else args.save_groups.split(","),
             skip_groups=settings.skip_groups if args.skip_groups is None else args.skip_groups.split(","),
+            rows=settings.chunk_rows,
         )
     except (LayoutError, ValueError) as exc:
         print(f"lmcache-platforms plan: {exc}", file=sys.stderr)

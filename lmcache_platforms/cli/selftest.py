@@ -52,7 +52,7 @@ def selftest(layout_ref: str, mode: str, backend: str, seed: int = 0, layerwise:
     settings = PlatformSettings.load()
     spec = load_layout_spec(layout_ref)
     layout = materialize(spec, mode, seed=seed, state_markers=settings.state_markers,
-                         save_groups=settings.save_groups, skip_groups=settings.skip_groups)
+                         save_groups=settings.save_groups, skip_groups=settings.skip_groups, rows=settings.chunk_rows)
     request = roundtrip.make_request(layout, spec.num_tokens, seed)
     cache_gib = cache_size_gib(layout, spec.num_tokens)
     # With a disk, keep nothing in the CPU cache so the load really comes from the disk.

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lmcache_platforms.layout.block_rows import ROW_UNITS, as_block_rows
 from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.groups import KVGroup, validate_groups
 from lmcache_platforms.layout.overlap import check_layer
@@ -99,12 +100,16 @@ class KVLayout:
         mode: str = "bundled",
         saved: Collection[int] | None = None,
         num_blocks: Mapping[int, int] | Sequence[int] | None = None,
+        rows: str = "tokens",
     ) -> KVLayout:
         """Validate and plan. ``saved``: indices of the groups chunks carry, decided by the caller (vLLM's
         ``plan_groups``, or ``saved_indices`` for a layout file); None carries every group. ``num_blocks`` (per
-        group index) lets planes be checked to hold every slot."""
+        group index) lets planes be checked to hold every slot. ``rows="blocks"`` moves the groups that allow
+        it in block rows (``layout.block_rows``): the same bytes per chunk, in another order."""
         if mode not in MODES:
             raise LayoutError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if rows not in ROW_UNITS:
+            raise LayoutError(f"rows must be one of {', '.join(ROW_UNITS)}, got {rows!r}")
         validate_groups(groups, chunk_size)
         by_index = {g.index: g for g in groups}
         entries = _as_entries(layers)
@@ -124,6 +129,9 @@ class KVLayout:
                        for g in groups)
         if saved is None:
             saved = by_index.keys()
+        if rows == "blocks":
+            groups, entries = _in_block_rows(groups, entries, saved, chunk_size)
+            by_index = {g.index: g for g in groups}
         planes = [p for e in entries for p in e.planes]
         skipped = tuple(p for p in planes if p.group not in saved)
         kept = [p for p in planes if p.group in saved]
@@ -221,6 +229,36 @@ class KVLayout:
             "multi_group": self.multi_group,
             "snapshot_groups": [g.index for g in self.saved_groups if g.snapshots],
         }
+
+
+def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved: Collection[int],
+                   chunk_size: int) -> tuple[tuple[KVGroup, ...], list[LayerEntry]]:
+    """Every saved group that allows it re-described in block rows, its planes with it; only where chunks are
+    saved whole (several saved groups, or a snapshot group), since a partial chunk ends inside a block."""
+    members: dict[int, list[Plane]] = {}
+    for entry in entries:
+        for plane in entry.planes:
+            if plane.group in saved:
+                members.setdefault(plane.group, []).append(plane)
+    by_index = {g.index: g for g in groups}
+    if len(members) < 2 and not any(by_index[i].snapshots for i in members):
+        return groups, entries
+    replaced: dict[int, KVGroup] = {}
+    new_planes: dict[int, list[Plane]] = {}
+    for index, planes in members.items():
+        converted = as_block_rows(by_index[index], planes, chunk_size)
+        if converted is not None:
+            replaced[index], new_planes[index] = converted
+    out_entries = []
+    for entry in entries:
+        out: list[Plane] = []
+        for plane in entry.planes:
+            if plane.group not in replaced:
+                out.append(plane)
+            elif not any(p.group == plane.group for p in out):
+                out += [p for p in new_planes[plane.group] if p.layer == entry.name]
+        out_entries.append(LayerEntry(entry.name, tuple(out)))
+    return tuple(replaced.get(g.index, g) for g in groups), out_entries
 
 
 def _transfer_groups(

@@ -68,7 +68,8 @@ def _start_end(plane: Plane) -> tuple[int, int]:
     return plane.offset, plane.offset + plane.geometry.span_bytes
 
 
-def _same_allocation(a: Plane, b: Plane) -> bool:
+def same_allocation(a: Plane, b: Plane) -> bool:
+    """Whether two planes are carved from one real allocation (never for planned or meta planes)."""
     if a.storage is None or b.storage is None or a.storage.device.type == "meta":
         return False
     return a.storage.device == b.storage.device and a.storage.data_ptr() == b.storage.data_ptr()
@@ -91,7 +92,7 @@ def check_layer(planes: Sequence[Plane]) -> None:
         check_plane(plane)
     for i, a in enumerate(planes):
         for b in planes[i + 1 :]:
-            if not _same_allocation(a, b):
+            if not same_allocation(a, b):
                 continue
             (a0, a1), (b0, b1) = _start_end(a), _start_end(b)
             lo, hi = max(a0, b0), min(a1, b1)

@@ -7,7 +7,7 @@ padded, shared-buffer, mixed-dtype layouts. A tool: nothing that runs inside vLL
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -74,9 +74,24 @@ def materialize(
     state_markers: Sequence[str] = ("State",),
     save_groups: Sequence[str] = (),
     skip_groups: Sequence[str] = (),
+    rows: str = "tokens",
 ) -> KVLayout:
-    """A KVLayout whose planes have real (seeded random) storage on ``device``; see ``materialize_tensors``."""
-    tensors = materialize_tensors(spec, device, seed)
+    """A KVLayout whose planes have real (seeded random) storage on ``device``; see ``materialize_tensors``.
+    ``rows``: token or block rows (``KVLayout.build``)."""
+    return layout_over(spec, materialize_tensors(spec, device, seed), mode, state_markers, save_groups, skip_groups,
+                       rows)
+
+
+def layout_over(
+    spec: LayoutSpec,
+    tensors: Mapping[str, Sequence[torch.Tensor]],
+    mode: str = "bundled",
+    state_markers: Sequence[str] = ("State",),
+    save_groups: Sequence[str] = (),
+    skip_groups: Sequence[str] = (),
+    rows: str = "tokens",
+) -> KVLayout:
+    """The KVLayout of ``spec`` over given tensors (``materialize_tensors``), so two plans can share them."""
     entries = []
     for layer in spec.layers:
         planes = []
@@ -85,7 +100,7 @@ def materialize(
             planes += planes_from_dims(layer.name, plane.group, tensor, plane.dims, name)
         entries.append(LayerEntry(layer.name, tuple(planes)))
     saved = saved_indices(spec.groups, state_markers, save_groups, skip_groups)
-    return KVLayout.build(spec.groups, entries, spec.chunk_size, mode, saved, num_blocks=spec.num_blocks)
+    return KVLayout.build(spec.groups, entries, spec.chunk_size, mode, saved, num_blocks=spec.num_blocks, rows=rows)
 
 
 def plan(
@@ -94,7 +109,8 @@ def plan(
     state_markers: Sequence[str] = ("State",),
     save_groups: Sequence[str] = (),
     skip_groups: Sequence[str] = (),
+    rows: str = "tokens",
 ) -> KVLayout:
     """The layout's transfer plan without allocating memory (planes on the meta device)."""
     return materialize(spec, mode, device="meta", state_markers=state_markers, save_groups=save_groups,
-                       skip_groups=skip_groups)
+                       skip_groups=skip_groups, rows=rows)

@@ -31,11 +31,15 @@ def test_every_example_plans_as_json(name, mode, capsys):
     assert isinstance(summary["skipped_planes"], int)
 
 
-def test_deepseek_v4_small_plan_numbers(capsys):
+@pytest.mark.parametrize(("rows", "expected"), [
+    ("tokens", [(0, 4, 32), (1, 2, 16), (1, 2, 16), (2, 2, 2)]),
+    ("blocks", [(0, 4, 2), (1, 2, 4), (1, 2, 4), (2, 2, 1)]),  # a block row each: window 32 = 2 blocks
+])
+def test_deepseek_v4_small_plan_numbers(capsys, monkeypatch, rows, expected):
+    monkeypatch.setenv("LMCACHE_PLATFORMS_CHUNK_ROWS", rows)
     assert run_plan(["--layout", "deepseek-v4-small", "--mode", "exploded", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert [(tg["group"], tg["planes"], tg["rows_per_chunk"]) for tg in summary["transfer_groups"]] == [
-        (0, 4, 32), (1, 2, 16), (1, 2, 16), (2, 2, 2)]
+    assert [(tg["group"], tg["planes"], tg["rows_per_chunk"]) for tg in summary["transfer_groups"]] == expected
     assert summary["skipped_planes"] == 4 and summary["skipped_groups"] == [3]
     assert summary["chunk_bytes"] == 32 * 584 * 4 + 16 * (584 + 132) * 2 + 2 * 584 * 2
 

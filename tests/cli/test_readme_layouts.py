@@ -51,8 +51,9 @@ def test_readme_layout_example_parses_and_plans_as_described(tmp_path, capsys) -
     assert (summary["layout"], summary["mode"], summary["chunk_size"]) == ("gemma3-like", "bundled", 64)
     # group 0: layer 1's bf16 "kv" rows (576 x 2 B) and int8 "scale" rows (132 B), every token of the chunk;
     # group 1: layer 0's K and V (2 heads x 64 x 2 B each), only the 32-token sliding window of each chunk.
+    # In block rows (the default) a row is a 16-token block: 4 a chunk, 2 for the window.
     assert [(tg["group"], tg["planes"], tg["layers"], tg["rows_per_chunk"], tg["bytes_per_chunk"])
-            for tg in summary["transfer_groups"]] == [(0, 2, 1, 64, 64 * (576 * 2 + 132)), (1, 2, 1, 32, 32 * 256 * 2)]
+            for tg in summary["transfer_groups"]] == [(0, 2, 1, 4, 64 * (576 * 2 + 132)), (1, 2, 1, 2, 32 * 256 * 2)]
     assert summary["launches_per_chunk"] == 2 and summary["multi_group"] is True
     assert summary["skipped_planes"] == 0
 

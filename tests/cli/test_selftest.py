@@ -41,7 +41,7 @@ def run_in_process(argv: list[str]) -> int:
 
 
 def test_gemma3_is_bit_exact_and_the_process_exits() -> None:
-    done = run_cli("--layout", "gemma3", "--json")
+    done = run_cli("--layout", "gemma3", "--json", LMCACHE_PLATFORMS_CHUNK_ROWS="tokens")
     assert done.returncode == 0, done.stderr[-2000:]
     result = last_json(done.stdout)
     assert set(result) >= KEYS
@@ -51,6 +51,16 @@ def test_gemma3_is_bit_exact_and_the_process_exits() -> None:
     assert result["backend"] == "cpu"
     # 4 chunks: 64 full-attention rows + 32 window-tail rows, per plane (1 K + 1 V per layer, 1 and 5 layers)
     assert result["rows_checked"] == 4 * (64 * 2 + 32 * 2 * 5)
+
+
+def test_gemma3_in_block_rows_is_bit_exact() -> None:
+    """The default row unit: each layer's K and V pages merge into one plane, one row per 16-token block."""
+    done = run_cli("--layout", "gemma3", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = last_json(done.stdout)
+    assert result["bit_exact"] is True and result["chunks_hit"] == 4
+    # 4 chunks: 4 full-attention blocks (1 layer) + a 32-token window's 2 blocks (5 layers), one plane a layer
+    assert result["rows_checked"] == 4 * (4 * 1 + 2 * 5)
 
 
 def test_triton_under_the_interpreter_in_exploded_mode() -> None:
@@ -94,7 +104,12 @@ def test_not_bit_exact_exits_1(monkeypatch, capsys) -> None:
 
 FAULT_LAYOUTS = ("gemma3", "deepseek-v4-small")
 FAULTS = ("none", "flip", "shift", "zero", "swap")
-FAULT_CASES = [(layout, fault) for layout in FAULT_LAYOUTS for fault in FAULTS]
+# Counts and first problems below are in token rows (platforms.chunk_rows=tokens); in block rows (the
+# default) each fault is still caught, with counts of block rows.
+# (deepseek-v4-small's compress-32 group has one block row a chunk: nothing for `swap` to swap there.)
+FAULT_CASES = [(layout, fault, "tokens") for layout in FAULT_LAYOUTS for fault in FAULTS] + [
+    ("gemma3", fault, "blocks") for fault in ("none", "flip", "swap", "zero")] + [
+    ("deepseek-v4-small", fault, "blocks") for fault in ("none", "flip", "zero")]
 # `zero` drops the first block each launch loads into, in every plane: gemma3 has 16-row blocks in both
 # groups (2 planes full attention, 10 sliding), so 4 chunks x 12 planes x 16 rows. deepseek-v4-small: the
 # sliding group's 16-row blocks (4 planes), group 1's 4-row blocks (4 planes), group 2's 2-row blocks (2
@@ -112,18 +127,29 @@ def first_load_slot(layout_name: str) -> int:
     from lmcache_platforms.tools.fixtures import materialize
 
     spec = load_layout_spec(layout_name)
-    layout = materialize(spec, "bundled", seed=0)
+    layout = materialize(spec, "bundled", seed=0)  # token rows, as the fault runs counted in them
     request = roundtrip.make_request(layout, spec.num_tokens, 0)
     return int(layout.chunk_slots(layout.transfer_groups[0], request.load_ids, 0, layout.chunk_size)[0])
 
 
-def faulty_selftest(plugin_path: Path, cwd: Path, layout: str, fault: str) -> subprocess.CompletedProcess[str]:
+def block_row_planes(layout_name: str) -> int:
+    """Planes of every transfer group in block rows (a layer's K and V merged into its page where they tile)."""
+    from lmcache_platforms.layout import load_layout_spec
+    from lmcache_platforms.tools.fixtures import materialize
+
+    layout = materialize(load_layout_spec(layout_name), "bundled", seed=0, rows="blocks")
+    return sum(len(tg.planes) for tg in layout.transfer_groups)
+
+
+def faulty_selftest(plugin_path: Path, cwd: Path, layout: str, fault: str,
+                    rows: str) -> subprocess.CompletedProcess[str]:
     """The installed console script, in a directory outside the repository: only PYTHONPATH brings the plugin.
 
     The positive control (`none`) picks the backend through LMCACHE_PLATFORMS_KERNEL_BACKEND, as a vLLM
     server would; the faults name it with --backend.
     """
-    env = faulty_env(plugin_path, fault, {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false"})
+    env = faulty_env(plugin_path, fault, {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false",
+                                          "LMCACHE_PLATFORMS_CHUNK_ROWS": rows})
     argv = ["--layout", layout, "--json"] + ([] if fault == "none" else ["--backend", "faulty"])
     script = Path(sys.executable).with_name("lmcache-platforms")
     return subprocess.run([str(script), "selftest", *argv], capture_output=True, text=True, env=env, cwd=cwd,
@@ -131,7 +157,7 @@ def faulty_selftest(plugin_path: Path, cwd: Path, layout: str, fault: str) -> su
 
 
 @pytest.fixture(scope="module")
-def fault_runs(request, tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+def fault_runs(request, tmp_path_factory) -> dict[tuple[str, str, str], subprocess.CompletedProcess[str]]:
     """Every selected (layout, fault) selftest, run a few at a time (each spends ~10 s importing LMCache)."""
     wanted = sorted({item.callspec.params["case"] for item in request.session.items
                      if "fault_runs" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
@@ -150,9 +176,9 @@ def test_the_faulty_backend_installs_as_a_distribution_with_an_entry_point(tmp_p
     assert (path / "lmcache_platforms_faulty_backend.py").is_file()
 
 
-@pytest.mark.parametrize("case", FAULT_CASES, ids=[f"{layout}-{fault}" for layout, fault in FAULT_CASES])
-def test_selftest_catches_each_fault_of_a_plugin_backend(case: tuple[str, str], fault_runs) -> None:
-    layout, fault = case
+@pytest.mark.parametrize("case", FAULT_CASES, ids=[f"{layout}-{fault}-{rows}" for layout, fault, rows in FAULT_CASES])
+def test_selftest_catches_each_fault_of_a_plugin_backend(case: tuple[str, str, str], fault_runs) -> None:
+    layout, fault, rows_unit = case
     done = fault_runs[case]
     result = last_json(done.stdout)
     assert result["backend"] == "faulty", result  # found through the entry point, in a child process
@@ -164,6 +190,10 @@ def test_selftest_catches_each_fault_of_a_plugin_backend(case: tuple[str, str], 
     assert done.returncode == 1, done.stderr[-2000:]
     assert result["bit_exact"] is False
     chunks, launches = result["chunks_hit"], result["launches_per_chunk"]
+    if rows_unit == "blocks":  # one block row per plane per launch: `zero` damages each plane's first one
+        assert result["mismatched_rows"] == {"flip": chunks * launches, "swap": 2 * chunks * launches,
+                                             "zero": chunks * block_row_planes(layout)}[fault]
+        return
     layer, plane, rows = FIRST_PLANE[layout]
     differ, touched = {
         "flip": (chunks * launches, 0),  # one row per launch: the first plane's first row

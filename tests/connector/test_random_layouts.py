@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from lmcache_platforms.layout import LayoutSpec, load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
-from lmcache_platforms.tools.fixtures import materialize
+from lmcache_platforms.tools.fixtures import layout_over, materialize, materialize_tensors
 from tests.layout.strategies import layout_specs
 
 pytestmark = pytest.mark.slow
@@ -47,16 +47,17 @@ def frozen_heap() -> Iterator[None]:
 
 
 @st.composite
-def cases(draw) -> tuple[LayoutSpec, str, str, int | None, int, list[list[bool]]]:
-    """(layout file, mode, kernel backend, layerwise steps or None for the paged connector, seed, per group:
-    which blocks of the table are also null)."""
+def cases(draw) -> tuple[LayoutSpec, str, str, str, int | None, int, list[list[bool]]]:
+    """(layout file, mode, row unit, kernel backend, layerwise steps or None for the paged connector, seed, per
+    group: which blocks of the table are also null)."""
     spec = draw(layout_specs(every_group=True, min_chunks=1, snapshots=True))
     mode = draw(st.sampled_from(["bundled", "exploded"]))
+    rows = draw(st.sampled_from(["tokens", "blocks"]))
     backend = draw(st.sampled_from(["auto", "torch"]))
     steps = draw(st.one_of(st.none(), st.integers(1, len(spec.layers))))
     seed = draw(st.integers(0, 2**16))
     nulls = [draw(st.lists(st.booleans(), min_size=blocks, max_size=blocks)) for blocks in spec.num_blocks]
-    return spec, mode, backend, steps, seed, nulls
+    return spec, mode, rows, backend, steps, seed, nulls
 
 
 def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> roundtrip.Request:
@@ -100,7 +101,8 @@ def slot(ids: torch.Tensor, block_size: int, row: int) -> int | None:
 def check_against_model(spec: LayoutSpec, layout, request: roundtrip.Request,
                         before: dict[tuple[str, str], torch.Tensor]) -> None:
     """After store -> wipe (whole allocations) -> load: each model row is at its load slot with the bytes it
-    had at its store slot, and every other byte of every allocation (rows, padding, gaps) is still zero."""
+    had at its store slot, and every other byte of every allocation (rows, padding, gaps) is still zero.
+    ``layout`` plans token rows (one per token or compressed row), whatever row unit the engine moved."""
     written = {key(s): torch.zeros_like(s, dtype=torch.uint8) for s in allocations(layout)}
     for group, rows in model_rows(spec, len(request.tokens)).items():
         size = spec.groups[group].block_size
@@ -134,13 +136,15 @@ def allocations(layout) -> list[torch.Tensor]:
 
 @given(cases())
 def test_random_layouts_round_trip_bit_exact(case) -> None:
-    spec, mode, backend, steps, seed, nulls = case
-    layout = materialize(spec, mode, seed=seed)
+    spec, mode, rows, backend, steps, seed, nulls = case
+    tensors = materialize_tensors(spec, "cpu", seed)
+    layout = layout_over(spec, tensors, mode, rows=rows)
+    model = layout_over(spec, tensors, mode)
     assume(layout.transfer_groups)  # every group a state group: nothing is saved, vLLM gets no hits either
     request = with_extra_nulls(roundtrip.make_request(layout, spec.num_tokens, seed), nulls)
     if layout.whole_chunks_only:
         assert request.stored_tokens == spec.num_tokens // spec.chunk_size * spec.chunk_size
-    before = {(p.layer, p.name): p.rows_view().clone() for p in roundtrip.all_planes(layout)}
+    before = {(p.layer, p.name): p.rows_view().clone() for p in roundtrip.all_planes(model)}
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, spec.num_tokens))
     with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=steps is not None,
                       layer_steps=steps) as engine:
@@ -157,4 +161,4 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
             assert counters.launches == 2 * chunks * layout.launches_per_chunk
     assert hit == request.stored_tokens
     assert verdict.bit_exact, verdict.problems  # the selftest's own oracle
-    check_against_model(spec, layout, request, before)  # and one that shares no slot or chunk code with it
+    check_against_model(spec, model, request, before)  # and one that shares no slot or chunk code with it

@@ -113,4 +113,4 @@ def build_layout(
     blocks = dict.fromkeys(plan.saved, num_blocks) if num_blocks else None
     # plan_groups alone decides which groups are saved; the layout carries exactly those.
     return KVLayout.build(plan.saved_groups, entries, chunk_size, mode=settings.mode, saved=plan.saved,
-                          num_blocks=blocks)
+                          num_blocks=blocks, rows=settings.chunk_rows)
