@@ -99,6 +99,11 @@ def physical_rows_per_chunk(group: KVGroup, chunk_size: int) -> int:
     return min(full, max(1, group.sliding_window // group.tokens_per_row))
 
 
+# Up to this many slots a batch is computed in plain Python: block rows give a handful per chunk, and a dozen
+# small tensor operations per group cost more than the loop.
+PYTHON_SLOTS = 512
+
+
 def chunks_slots(group: KVGroup, block_ids: BlockIds, bounds: Sequence[tuple[int, int]],
                  chunk_size: int) -> torch.Tensor:
     """Slots of the rows each chunk ``[start, end)`` of ``bounds`` stores, in row order, -1 padded to the
@@ -108,6 +113,9 @@ def chunks_slots(group: KVGroup, block_ids: BlockIds, bounds: Sequence[tuple[int
     spans = [chunk_rows(group, start, end, chunk_size) for start, end in bounds]
     if any(count > width for _, count in spans):
         raise LayoutError(f"{group.describe()}: a chunk of {chunk_size} tokens holds more than its {width} rows")
+    on_host = not isinstance(block_ids, torch.Tensor) or block_ids.device.type == "cpu"
+    if on_host and len(spans) * width <= PYTHON_SLOTS:
+        return _few_slots(group, block_ids, spans, width)
     device = block_ids.device if isinstance(block_ids, torch.Tensor) else "cpu"
     firsts = torch.tensor([first for first, _ in spans], dtype=torch.int64, device=device)
     counts = torch.tensor([count for _, count in spans], dtype=torch.int64, device=device)
@@ -116,6 +124,24 @@ def chunks_slots(group: KVGroup, block_ids: BlockIds, bounds: Sequence[tuple[int
     out = torch.full((len(spans), width), -1, dtype=torch.int64, device=device)
     out[used] = _slots_of_rows(group, block_ids, (firsts[:, None] + offsets)[used])
     return out
+
+
+def _few_slots(group: KVGroup, block_ids: BlockIds, spans: Sequence[tuple[int, int]], width: int) -> torch.Tensor:
+    """``chunks_slots`` for a few slots of host block ids, with ``_slots_of_rows``'s checks and messages."""
+    ids = block_ids.tolist() if isinstance(block_ids, torch.Tensor) else list(block_ids)
+    size = group.block_size
+    rows = [range(first, first + count) for first, count in spans]
+    last = max((r[-1] for r in rows if r), default=None)
+    if last is not None and last // size + 1 > len(ids):
+        raise LayoutError(f"{group.describe()}: row {last} needs {last // size + 1} blocks of {size} rows, "
+                          f"only {len(ids)} block ids given")
+    blocks = [[ids[r // size] for r in span] for span in rows]
+    lowest = min((b for chunk in blocks for b in chunk), default=0)
+    if lowest < 0:
+        raise LayoutError(f"{group.describe()}: negative block id {lowest}")
+    out = [[-1 if b == 0 else b * size + r % size for b, r in zip(chunk, span, strict=True)]
+           + [-1] * (width - len(span)) for chunk, span in zip(blocks, rows, strict=True)]
+    return torch.tensor(out, dtype=torch.int64).reshape(len(spans), width)
 
 
 def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk_size: int) -> torch.Tensor:

@@ -8,10 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.layout import LayoutError
+from lmcache_platforms.layout import slots as slot_math
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.slots import (
     chunk_rows,
     chunk_slots,
+    chunks_slots,
     physical_rows_per_chunk,
     rows_for_tokens,
     slot_mapping,
@@ -97,6 +99,32 @@ def test_stored_chunks_cover_the_window_at_every_chunk_end(case):
 def test_physical_rows_per_chunk(chunk, cr, window, rows):
     group = KVGroup(0, block_size=16, tokens_per_row=cr, sliding_window=window)
     assert physical_rows_per_chunk(group, chunk) == rows
+
+
+@SETTINGS
+@given(group_and_table(), st.data())
+def test_few_slots_in_python_equal_the_tensor_path(case, data):
+    """Small batches are computed in Python, big ones with tensors: both give the same slots, and the same
+    error for a table too short or holding a negative id."""
+    group, chunk, num_tokens, ids = case
+    ends = list(range(chunk, num_tokens + 1, chunk)) + ([num_tokens] if num_tokens % chunk else [])
+    bounds = [(end - 1) // chunk * chunk for end in ends]
+    bounds = list(zip(bounds, ends, strict=True))
+    broken = data.draw(st.sampled_from(["none", "short", "negative"]))
+    if broken == "short":
+        ids = ids[:-1]
+    elif broken == "negative" and ids:
+        ids = [*ids[:-1], -5]
+    results = []
+    for threshold in (0, 10**9):
+        original, slot_math.PYTHON_SLOTS = slot_math.PYTHON_SLOTS, threshold
+        try:
+            results.append(chunks_slots(group, torch.tensor(ids, dtype=torch.int64), bounds, chunk).tolist())
+        except LayoutError as exc:
+            results.append(str(exc))
+        finally:
+            slot_math.PYTHON_SLOTS = original
+    assert results[0] == results[1]
 
 
 def test_null_blocks_map_to_minus_one():
