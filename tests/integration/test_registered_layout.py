@@ -35,8 +35,16 @@ def test_vllm_032_cpu_shared_buffer_one_transfer_group_per_kv_group():
     layout = build_layout(caches, plan, 64, SETTINGS, lambda *_: TensorLayout.VLLM_CPU_K_TRANSPOSED, 16)
     assert [tg.group for tg in layout.transfer_groups] == [0, 1, 2, 3]
     assert layout.multi_group
-    # sliding window 64 = chunk: every row of a chunk is kept
-    assert [tg.rows_per_chunk for tg in layout.transfer_groups] == [64] * 4
+    # sliding window 64 = chunk: every row of a chunk is kept; in block rows (the default) two 32-token blocks,
+    # each layer's K (transposed) and V of its block merged into one 8 KiB page
+    assert [tg.rows_per_chunk for tg in layout.transfer_groups] == [2] * 4
+    assert [[(p.geometry.segments, p.row_bytes) for p in tg.planes] for tg in layout.transfer_groups] == [
+        [(1, 32 * 2 * 64 * 2)]] * 4
+    tokens = build_layout(caches, plan, 64, PlatformSettings(chunk_rows="tokens"),
+                          lambda *_: TensorLayout.VLLM_CPU_K_TRANSPOSED, 16)
+    assert [tg.rows_per_chunk for tg in tokens.transfer_groups] == [64] * 4
+    assert [tg.bytes_per_chunk for tg in tokens.transfer_groups] == [tg.bytes_per_chunk
+                                                                     for tg in layout.transfer_groups]
 
 
 def test_vllm_023_tensors_tuples_and_lists():
@@ -47,9 +55,14 @@ def test_vllm_023_tensors_tuples_and_lists():
         "tup": (torch.zeros(8, 32, 1, 64), torch.zeros(8, 32, 1, 64)),  # NPU (k, v), each [nb, bs, H, D]
         "lst": [torch.zeros(8, 32, 576, dtype=torch.bfloat16), torch.zeros(8, 32, 132, dtype=torch.int8)],
     }
-    layout = build_layout(caches, plan, 64, SETTINGS, NO_HINT, 8)
+    layout = build_layout(caches, plan, 64, PlatformSettings(chunk_rows="tokens"), NO_HINT, 8)
     planes = {(p.layer, p.name) for tg in layout.transfer_groups for p in tg.planes}
     assert planes == {("fa", "k"), ("fa", "v"), ("tup", "0"), ("tup", "1"), ("lst", "0"), ("lst", "1")}
+    # In block rows FlashAttention's K and V pages of a block are one stretch: one plane; the others are
+    # separate tensors, which never merge.
+    blocks = build_layout(caches, plan, 64, SETTINGS, NO_HINT, 8)
+    assert {(p.layer, p.name) for tg in blocks.transfer_groups for p in tg.planes} == {
+        ("fa", "k+1"), ("tup", "0"), ("tup", "1"), ("lst", "0"), ("lst", "1")}
 
 
 def test_only_saved_groups_are_described():
