@@ -192,9 +192,8 @@ class KVLayout:
 
     @property
     def whole_chunks_only(self) -> bool:
-        """Only whole chunks may be saved: several groups, or a snapshot group (snapshots exist only at block
-        boundaries, so a partial chunk would carry none)."""
-        return self.multi_group or any(g.snapshots for g in self.saved_groups)
+        """Only whole chunks may be saved (``saves_whole_chunks`` of the groups chunks carry)."""
+        return saves_whole_chunks(self.saved_groups)
 
     def chunk_slots(
         self, tg: TransferGroup, block_ids_per_group: Sequence[BlockIds], start: int, end: int
@@ -231,17 +230,24 @@ class KVLayout:
         }
 
 
+def saves_whole_chunks(carried: Collection[KVGroup]) -> bool:
+    """Whether chunks carrying these groups may only be saved whole: several groups (a partial chunk is unsafe
+    across groups), or a snapshot group (snapshots exist only at block boundaries, so a partial chunk would
+    carry none)."""
+    return len(carried) > 1 or any(g.snapshots for g in carried)
+
+
 def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved: Collection[int],
                    chunk_size: int) -> tuple[tuple[KVGroup, ...], list[LayerEntry]]:
     """Every saved group that allows it re-described in block rows, its planes with it; only where chunks are
-    saved whole (several saved groups, or a snapshot group), since a partial chunk ends inside a block."""
+    saved whole (``saves_whole_chunks``), since a partial chunk ends inside a block."""
     members: dict[int, list[Plane]] = {}
     for entry in entries:
         for plane in entry.planes:
             if plane.group in saved:
                 members.setdefault(plane.group, []).append(plane)
     by_index = {g.index: g for g in groups}
-    if len(members) < 2 and not any(by_index[i].snapshots for i in members):
+    if not saves_whole_chunks([by_index[i] for i in members]):
         return groups, entries
     replaced: dict[int, KVGroup] = {}
     new_planes: dict[int, list[Plane]] = {}

@@ -18,6 +18,7 @@ from typing import Any
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.recurrent import StepSettings, is_recurrent, snapshot_problem
 from lmcache_platforms.layout.groups import KVGroup, is_saved
+from lmcache_platforms.layout.kv_layout import saves_whole_chunks
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class GroupPlan:
 
     @property
     def whole_chunks_only(self) -> bool:
-        """Several groups, or a snapshot group (no snapshot exists mid-block): only whole chunks are saved."""
-        return self.multi_group or any(g.snapshots for g in self.saved_groups)
+        """Only whole chunks are saved: the worker's layout applies the same rule (``saves_whole_chunks``)."""
+        return saves_whole_chunks(self.saved_groups)
 
     @property
     def snapshot_groups(self) -> tuple[int, ...]:
