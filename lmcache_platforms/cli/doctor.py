@@ -1,7 +1,7 @@
 """Report what is installed, which patches are applied, which kernel backends and platforms are usable.
 
-Doctor imports every upstream module the patch catalog targets (LMCache, vLLM: a few seconds), so each
-patch is really applied, or fails, in this process and vLLM's connector factory shows our names.
+Doctor imports every upstream module the patch catalog targets (LMCache, vLLM: a few seconds), and vLLM's
+connector factory, so each patch is really applied, or fails, in this process and the factory shows our names.
 
 Exit 1, with the reason, when activation failed, an applicable patch failed, or an LMCache engine of this
 process runs in upstream's silent "degraded mode" (``lmcache_platforms.status()`` carries the same)."""
@@ -9,6 +9,8 @@ process runs in upstream's silent "degraded mode" (``lmcache_platforms.status()`
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import platform as pyplatform
 import sys
@@ -25,6 +27,18 @@ VERSIONED = {
 }
 
 
+UPSTREAM_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"
+
+
+def adapter_in_effect(patches: list[dict[str, Any]]) -> str:
+    """Which engine impl LMCache's upstream connector names (vLLM's LMCacheConnectorV1, LMCache's
+    LMCacheConnectorV1Dynamic) run in this process."""
+    entry = next((p for p in patches if p["target"] == UPSTREAM_ADAPTER), None)
+    if entry is None or entry["state"] in ("pending", "applied"):
+        return "ours: upstream connector names run lmcache_platforms' engine impl"
+    return f"upstream's: only LMCachePlatformsConnector runs lmcache_platforms' engine impl ({entry['detail']})"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
@@ -39,6 +53,8 @@ def collect() -> dict[str, Any]:
     registry = lmcache_platforms.activation.current_registry()
     if registry is not None:
         registry.import_targets()
+        if importlib.util.find_spec("vllm") is not None:  # our names are registered once its factory is imported
+            importlib.import_module(lmcache_platforms.activation.VLLM_FACTORY)
     state = lmcache_platforms.status()
     versions: dict[str, str | None] = {"python": pyplatform.python_version()}
     versions.update({key: installed_version(name) for key, name in VERSIONED.items()})
@@ -53,6 +69,7 @@ def collect() -> dict[str, Any]:
         "patches": [{"target": p["target"], "applied": p["applied"], "detail": f"{p['state']}: {p['detail']}"}
                     for p in state["patches"]],
         "connectors": state["connectors"],
+        "upstream_adapter": adapter_in_effect(state["patches"]) if state["activated"] else "upstream's (not activated)",
         "engines": state["engines"],
     }
 
@@ -80,6 +97,7 @@ def _print_table(report: dict[str, Any]) -> None:
     for p in report["patches"]:
         print(f"patch    {p['target']}  {p['detail']}")
     print(f"vLLM connectors: {report['connectors']}")
+    print(f"upstream adapter: {report['upstream_adapter']}")
     engines = report["engines"] or [{"role": "-", "stage": "-", "degraded": False, "reason": "none in this process"}]
     for e in engines:
         print(f"engine   {e['role']} {'DEGRADED' if e['degraded'] else 'ok'} {e['stage']} {e['reason']}")

@@ -41,7 +41,8 @@ class Patch:
     too. A dotted attribute (``Class.method``) replaces a class member. With ``wrapper``, ``replacement`` is
     called with the original (the raw class attribute, e.g. a classmethod object) and returns what to install.
     ``requires`` names top-level modules that must be installed for the patch to apply at all (otherwise it is
-    "not applicable", e.g. vLLM integration on a machine without vLLM).
+    "not applicable", e.g. vLLM integration on a machine without vLLM). ``kept_by`` names an environment flag
+    that, set to 1/true/yes/on, leaves the upstream symbol as it is (also "not applicable").
     """
 
     target: str
@@ -51,6 +52,7 @@ class Patch:
     requires: tuple[str, ...] = ()
     why: str = ""
     wrapper: bool = False
+    kept_by: str = ""
 
     def __post_init__(self) -> None:
         split_ref(self.target)

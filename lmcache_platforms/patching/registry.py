@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -64,6 +65,11 @@ def _finished(name: str, just_imported: str | None) -> bool:
     return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
+def _kept(patch: Patch) -> bool:
+    """The user asked to keep this upstream symbol (``Patch.kept_by``)."""
+    return bool(patch.kept_by) and os.environ.get(patch.kept_by, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -97,7 +103,10 @@ class PatchRegistry:
             applicable = []
             for record in self.records:
                 missing = [m for m in record.patch.requires if not _installed(m)]
-                if missing:
+                if _kept(record.patch):
+                    record.state = PatchState.NOT_APPLICABLE
+                    record.detail = f"upstream's kept: {record.patch.kept_by} is set"
+                elif missing:
                     record.state = PatchState.NOT_APPLICABLE
                     record.detail = f"{', '.join(missing)} not installed"
                 else:

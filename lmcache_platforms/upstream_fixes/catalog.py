@@ -9,6 +9,7 @@ from lmcache_platforms.patching.patch import Patch
 
 LMCACHE = "lmcache==0.5.6"
 VLLM = "vllm>=0.23,<0.34"
+KEEP_UPSTREAM_ADAPTER = "LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -29,8 +30,11 @@ PATCHES: tuple[Patch, ...] = (
             "lmcache.integration.vllm.lmcache_connector_v1_085",
         ),
         requires=("vllm",),
+        kept_by=KEEP_UPSTREAM_ADAPTER,
         why="upstream's in-process impl tracks KV-cache group 0 only; ours tracks, saves and loads every group "
-            "and reports degraded mode (vLLM's LMCacheConnectorV1 looks the name up in this module at init)",
+            "and reports degraded mode (vLLM's LMCacheConnectorV1 looks the name up in this module at init); "
+            "it honours each wrapper's contract (integration/vllm/wrapper_contract.py). With "
+            f"{KEEP_UPSTREAM_ADAPTER}=1 upstream's stays, and only LMCachePlatformsConnector runs ours",
     ),
     Patch(
         target="lmcache.v1.offload_server.zmq_server:ZMQOffloadServer",

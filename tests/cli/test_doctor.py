@@ -33,6 +33,21 @@ def test_json_report_has_the_documented_keys():
     assert applied["lmcache.v1.gpu_connector:CreateGPUConnector"] is True
     assert all(set(p) == {"target", "applied", "detail"} for p in report["patches"])
     assert report["connectors"] == {"state": "registered", "names": ["LMCachePlatformsConnector"]}
+    assert report["upstream_adapter"] == "ours: upstream connector names run lmcache_platforms' engine impl"
+
+
+def test_kept_upstream_adapter_is_reported_and_left_in_place():
+    """The way out: upstream's impl stays under its name; our connector is still registered."""
+    result = _doctor("--json", LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER="1")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    adapter = {p["target"]: p for p in report["patches"]}[doctor.UPSTREAM_ADAPTER]
+    assert (adapter["applied"], adapter["detail"]) == (
+        False, "not applicable: upstream's kept: LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER is set")
+    assert report["upstream_adapter"] == (
+        "upstream's: only LMCachePlatformsConnector runs lmcache_platforms' engine impl (upstream's kept: "
+        "LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER is set)")
+    assert report["connectors"] == {"state": "registered", "names": ["LMCachePlatformsConnector"]}
 
 
 def test_disabled_activation_is_reported_without_failing():

@@ -1,5 +1,6 @@
-"""The CreateGPUConnector that LMCache callers see once activated: upstream's signature; ours for vLLM (paged
-or layerwise), upstream's for the rest."""
+"""The CreateGPUConnector that LMCache callers see once activated: upstream's signature; ours for a vLLM engine
+our engine impl builds (paged or layerwise), upstream's for the rest (other engines, and a vLLM engine built by
+upstream's adapter when it is kept)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
 from lmcache.v1.metadata import LMCacheMetadata
 
 import lmcache_platforms
+from lmcache_platforms.connector.factory import layout_engine
 from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.kernels.contract import TransferError
@@ -25,13 +27,19 @@ def _metadata() -> LMCacheMetadata:
 
 
 lmcache_platforms.ensure_patched()
-create_gpu_connector = upstream_module.CreateGPUConnector
+patched_factory = upstream_module.CreateGPUConnector
+
+
+def create_gpu_connector(*args, **kwargs):
+    """The factory as our engine impl calls it (while it builds its LMCache engine)."""
+    with layout_engine():
+        return patched_factory(*args, **kwargs)
 
 
 def test_signature_matches_upstream() -> None:
-    assert create_gpu_connector.__module__ == "lmcache_platforms.connector.factory"
-    ours = list(inspect.signature(create_gpu_connector).parameters)
-    assert ours == list(inspect.signature(create_gpu_connector.upstream).parameters)
+    assert patched_factory.__module__ == "lmcache_platforms.connector.factory"
+    ours = list(inspect.signature(patched_factory).parameters)
+    assert ours == list(inspect.signature(patched_factory.upstream).parameters)
 
 
 def test_vllm_gets_the_paged_connector_with_the_configured_kernel_backend() -> None:
@@ -55,6 +63,15 @@ def test_blending_is_refused() -> None:
     config = LMCacheEngineConfig.from_defaults(chunk_size=64, enable_blending=True)
     with pytest.raises(ValueError, match="enable_blending is not supported"):
         create_gpu_connector(config, _metadata(), EngineType.VLLM)
+
+
+def test_a_vllm_engine_not_built_by_our_impl_gets_upstreams_connector() -> None:
+    """Upstream's adapter kept (LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER) or vLLM's own copy of it: upstream's
+    factory answers, which has no CPU connector; ours would get per-token slots it does not read."""
+    config = LMCacheEngineConfig.from_defaults(chunk_size=64)
+    with pytest.raises(RuntimeError, match="No supported cpu connector found"):
+        patched_factory(config, _metadata(), EngineType.VLLM)
+    assert isinstance(create_gpu_connector(config, _metadata(), EngineType.VLLM), LayoutGPUConnector)
 
 
 def test_other_engines_go_to_upstream() -> None:

@@ -98,6 +98,27 @@ def test_patch_needing_an_absent_module_is_not_applicable(modules):
     assert record.detail == "no_such_module_for_sure not installed"
 
 
+@pytest.mark.parametrize("value", ["1", "true", "on"])
+def test_patch_kept_by_a_set_flag_leaves_upstream_alone(modules, monkeypatch, value):
+    monkeypatch.setenv("FAKEUP_KEEP", value)
+    registry = PatchRegistry([_patch(modules, kept_by="FAKEUP_KEEP"), _patch(modules, attr="other")])
+    registry.apply()
+    kept, other = registry.records
+    assert (kept.state, kept.detail) == (PatchState.NOT_APPLICABLE, "upstream's kept: FAKEUP_KEEP is set")
+    target = importlib.import_module(f"{modules}.target")
+    assert (target.thing(), target.other()) == ("upstream", "ours")
+    assert other.state is PatchState.APPLIED
+
+
+@pytest.mark.parametrize("value", ["", "0", "no"])
+def test_patch_kept_by_an_unset_flag_is_applied(modules, monkeypatch, value):
+    monkeypatch.setenv("FAKEUP_KEEP", value)
+    registry = PatchRegistry([_patch(modules, kept_by="FAKEUP_KEEP")])
+    registry.apply()
+    assert importlib.import_module(f"{modules}.target").thing() == "ours"
+    assert registry.records[0].state is PatchState.APPLIED
+
+
 def test_unknown_upstream_version_is_refused_with_both_versions_named(modules):
     importlib.import_module(f"{modules}.target")
     patch = Patch(target=f"{modules}.target:thing", replacement=f"{modules}.ours:thing", versions="lmcache==0.5.6")

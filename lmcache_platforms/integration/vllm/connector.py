@@ -9,10 +9,7 @@ Use: ``--kv-transfer-config '{"kv_connector": "LMCachePlatformsConnector", "kv_r
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import threading
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,35 +46,11 @@ def _impl_class() -> type[MultiGroupConnectorImpl]:
     return importlib.import_module("lmcache_platforms.integration.vllm.engine_impl").MultiGroupConnectorImpl
 
 
-_live: weakref.WeakSet[LMCachePlatformsConnector] = weakref.WeakSet()
-_exit_hook_lock = threading.Lock()
-_exit_hook_registered = False
-
-
-def _shut_down_all() -> None:
-    """Workers before schedulers: a scheduler's lookup client terminates LMCache's shared ZMQ context,
-    which blocks for ever while a worker's offload server still holds a socket on it."""
-    for connector in sorted(_live, key=lambda c: c.role != KVConnectorRole.WORKER):
-        connector.shutdown()
-
-
-def _shut_down_before_threads_are_joined(connector: LMCachePlatformsConnector) -> None:
-    """At interpreter exit Python joins non-daemon threads before any atexit handler (vLLM's engine
-    finalizer included) runs, so LMCache's threads kept a one-process vLLM from ever exiting; threading's
-    own pre-join hook runs first."""
-    global _exit_hook_registered
-    _live.add(connector)
-    with _exit_hook_lock:
-        if _exit_hook_registered:
-            return
-        # AttributeError: no such hook in this Python; RuntimeError: the interpreter is already exiting.
-        with contextlib.suppress(AttributeError, RuntimeError):
-            threading._register_atexit(_shut_down_all)  # type: ignore[attr-defined]
-            _exit_hook_registered = True
-
-
 class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM v1 KV connector (both roles) backed by an in-process LMCache engine, for any number of groups."""
+
+    CARRIES_WAITING_LOADS = True
+    """Its impl's hits may load while their request waits (``wrapper_contract``): ``match`` and ``after_alloc``."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
@@ -86,8 +59,6 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         impl_class = _impl_class()
         ensure_ready()
         self._impl = impl_class(vllm_config, role, self)
-        self._shut_down = False
-        _shut_down_before_threads_are_joined(self)
 
     @property
     def impl(self) -> MultiGroupConnectorImpl:
@@ -153,17 +124,15 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         self._impl.restore_kv_caches()
 
     def shutdown(self) -> None:
-        """Idempotent: vLLM's engine shutdown and our exit hook may both call it."""
-        if not self._shut_down:
-            self._shut_down = True
-            self._impl.shutdown()
+        """Idempotent (the impl's is): vLLM's engine shutdown and the impl's exit hook may both run it."""
+        self._impl.shutdown()
 
     # Scheduler side
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self._impl.get_num_new_matched_tokens(request, num_computed_tokens)
+        return self._impl.match(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        self._impl.update_state_after_alloc(request, blocks, num_external_tokens)
+        self._impl.after_alloc(request, blocks, num_external_tokens)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._impl.update_connector_output(connector_output)

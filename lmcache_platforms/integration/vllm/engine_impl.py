@@ -37,10 +37,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layout_fingerprint, paged_format
+from lmcache_platforms.connector.factory import layout_engine
 from lmcache_platforms.connector.parts import install_parts
 from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard, LoadResults
+from lmcache_platforms.integration.vllm.exit_shutdown import shut_down_at_exit
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
@@ -48,6 +50,7 @@ from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
+from lmcache_platforms.integration.vllm.wrapper_contract import contract_of
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
@@ -61,7 +64,6 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from lmcache_platforms.integration.vllm.connector import LMCachePlatformsConnector
 
 logger = init_logger(__name__)
 
@@ -137,6 +139,7 @@ def _reports_failed_loads() -> bool:
 
 
 _policy_warned = False
+_contract_logged = False
 
 
 def warn_about_failure_policy(vllm_config: VllmConfig, hits_allowed: bool) -> None:
@@ -168,18 +171,40 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     kv_caches: dict[str, Any]
     layerwise_retrievers: list[Any]
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, parent: LMCachePlatformsConnector) -> None:
-        super().__init__(vllm_config, role, parent)
-        self._role_name = role.name.lower()
-        health.record(self._role_name, "init", self._manager)
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, parent: Any) -> None:
+        """``parent`` is the vLLM connector wrapping this impl: ours, or any wrapper of upstream's impl name
+        (``wrapper_contract``); the engine it builds gets our GPU connector."""
+        with layout_engine():
+            super().__init__(vllm_config, role, parent)
+        self.role_name = role.name.lower()
+        self._shut_down = False
+        shut_down_at_exit(self)
+        health.record(self.role_name, "init", self._manager)
         if self.config.use_layerwise:
             raise ValueError("LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms "
                              "vLLM integration yet: its per-layer calls carry no per-group block ids")
-        logger.info("LMCache platforms engine impl (%s): %s", self._role_name, self.plan.describe())
-        if not self.plan.hits_allowed:
-            logger.warning("LMCache will neither save nor report hits for this model: %s", self.plan.why_no_hits())
+        logger.info("LMCache platforms engine impl (%s): %s", self.role_name, self.plan.describe())
+        self._log_contract()
+        if not self.hits_allowed:
+            logger.warning("LMCache will neither save nor report hits for this model: %s", self.why_no_hits())
         if role == KVConnectorRole.SCHEDULER:
-            warn_about_failure_policy(vllm_config, self.plan.hits_allowed)
+            warn_about_failure_policy(vllm_config, self.hits_allowed)
+
+    @property
+    def hits_allowed(self) -> bool:
+        """The plan allows hits and the wrapper can carry them."""
+        return self.plan.hits_allowed and self.contract.refuses(self.plan.multi_group) is None
+
+    def why_no_hits(self) -> str:
+        return self.contract.refuses(self.plan.multi_group) or self.plan.why_no_hits()
+
+    def _log_contract(self) -> None:
+        """Once per process: what an upstream wrapper cannot carry, and the connector that can."""
+        global _contract_logged
+        line = self.contract.switched_off(self.settings.load_mode)
+        if line is not None and not _contract_logged:
+            _contract_logged = True
+            logger.warning("%s", line)
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
                               config: LMCacheEngineConfig) -> None:
@@ -199,9 +224,11 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._kv_unregistered = False
         self._skips_logged = False
         self._kv_signatures: dict[str, Signature] = {}
-        # Loads in vLLM's wait state: needs vLLM's per-request failure report (0.32+; 0.23 has none).
-        self.waits_for_loads = _reports_failed_loads() and (self.settings.load_mode == "async"
-                                                             or self.plan.multi_group)
+        # Loads in vLLM's wait state: needs a wrapper that carries them and vLLM's per-request failure report
+        # (0.32+; 0.23 has none).
+        self.contract = contract_of(self._parent)
+        self.waits_for_loads = self.contract.loads_wait and _reports_failed_loads() and (
+            self.settings.load_mode == "async" or self.plan.multi_group)
         # Scheduler side: wait-state loads to send with this step's metadata, what each loaded, which failed.
         self._wait_loads: dict[str, RequestMeta] = {}
         self._loaded_while_waiting: dict[str, int] = {}
@@ -223,7 +250,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self.kv_caches = kv_caches
         self._kv_signatures = {name: kv_signature(value) for name, value in kv_caches.items()}
         self._manager.post_init()
-        health.record(self._role_name, "post_init", self._manager)
+        health.record(self.role_name, "post_init", self._manager)
 
     def _attach_layout(self, kv_caches: dict[str, Any]) -> None:
         """Bind the caches' layout to our GPU connector; its key tags then go into every store, load and
@@ -480,7 +507,11 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def shutdown(self) -> None:
         """Chunk writes still in flight to LMCache's slower tiers finish first (bounded), so a server stopped
-        right after a request keeps that request's chunks for the next one; then upstream's shutdown."""
+        right after a request keeps that request's chunks for the next one; then upstream's shutdown. Idempotent:
+        vLLM's engine shutdown and the exit hook (``exit_shutdown``) may both call it."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         self.loads.shutdown()
         if self.lmcache_engine is not None:
             drain_writes(self.lmcache_engine, timeout_s=self.settings.drain_timeout_s)
@@ -488,19 +519,26 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     # ------------------------------------------------------------------ scheduler side
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        """LMCache's hit beyond vLLM's own, and whether it loads while the request waits. A request whose load
-        failed once is recomputed: a second lookup would find the same broken chunk."""
-        if not self.plan.hits_allowed or request.request_id in self._failed_loads:
-            return 0, False
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """Upstream's contract (every upstream wrapper calls this): LMCache's hit beyond vLLM's own, a count. A
+        request whose load failed once is recomputed: a second lookup would find the same broken chunk."""
+        if not self.hits_allowed or request.request_id in self._failed_loads:
+            return 0
         tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if tokens and self.plan.snapshot_groups:
             tokens = self._to_snapshot(request.request_id, num_computed_tokens, tokens)
+        return tokens
+
+    def match(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Our connector's call: the hit, and whether it loads while the request waits."""
+        tokens = self.get_num_new_matched_tokens(request, num_computed_tokens)
         return tokens, bool(tokens) and self.waits_for_loads
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        """Upstream's bookkeeping; a load that waits is described now, with every group's blocks, and goes to
-        the workers with this step's metadata (vLLM schedules the request only once it is reported)."""
+    def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Our connector's call (upstream wrappers call upstream's ``update_state_after_alloc``, which gets no
+        blocks): upstream's bookkeeping; a load that waits is described now, with every group's
+        blocks, and goes to the workers with this step's metadata (vLLM schedules the request only once it is
+        reported)."""
         super().update_state_after_alloc(request, num_external_tokens)
         req_id = request.request_id
         spec = self.load_specs.get(req_id)
