@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from lmcache_platforms.tools.demo.tokenizer import WORD_TOKENIZER, save_word_tokenizer
@@ -64,7 +64,9 @@ TINY_MODEL = ModelSpec(
     num_kv_heads=2, head_dim=64, vocab_size=2048, sliding_window=64, full_attention_every=4,
     max_model_len=1024,
 )
-MODELS = {"demo": DEMO_MODEL, "tiny": TINY_MODEL}
+# The same with every layer full attention: one KV-cache group (a dense model to vLLM).
+TINY_DENSE_MODEL = replace(TINY_MODEL, name=f"{TINY_MODEL.name}-full1", full_attention_every=1)
+MODELS = {"demo": DEMO_MODEL, "tiny": TINY_MODEL, "tiny-dense": TINY_DENSE_MODEL}
 
 
 def default_cache_dir() -> Path:

@@ -1,0 +1,57 @@
+"""vLLM's ``LMCacheConnectorV1`` in an in-process ``LLM`` with this package installed: a dense model and a
+Gemma-3-like hybrid (vLLM turns its hybrid KV-cache manager off for this connector) store every whole chunk
+and load them on the repeat, answering exactly as vLLM without a connector (tokens and top-5 logprobs). The
+negative control overwrites the stored chunks between the passes: the same oracle then sees the answer change.
+
+LMCache's ``LMCacheConnectorV1Dynamic`` is served in ``tests/serving/test_upstream_names.py``: in one process,
+vLLM imports its module while validating the config, before the CPU worker starts, and that worker then fails
+(``'_lib_fn_wrapper' object has no attribute 'get'``) with or without this package (REFERENCE: importing
+LMCache that early crashes vLLM's CPU worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmcache_platforms.tools.demo.model import TINY_DENSE_MODEL, TINY_MODEL, ModelSpec, ensure_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(model: ModelSpec, connector: str, *flags: str) -> dict:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.upstream_names_run", str(ensure_model(model)),
+                           connector, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def without_connector() -> dict:
+    return _run(TINY_DENSE_MODEL, "none")
+
+
+@pytest.mark.parametrize("model", [TINY_DENSE_MODEL, TINY_MODEL], ids=["dense", "gemma3-hma-off"])
+def test_lmcache_connector_v1_loads_every_chunk_and_answers_as_without_it(model: ModelSpec,
+                                                                           without_connector: dict) -> None:
+    result = _run(model, "LMCacheConnectorV1")
+    assert (result["hma"], result["groups"], result["wrapper"]) == (False, 1, "LMCacheConnectorV1")
+    assert (result["chunks_stored"], result["chunks_loaded"]) == (4, 4)  # 300 tokens: 4 whole chunks of 64
+    cold, warm = result["passes"]
+    assert warm == cold
+    if model is TINY_DENSE_MODEL:
+        assert cold == without_connector["passes"][0]
+
+
+def test_the_identical_answer_oracle_catches_corrupt_chunks() -> None:
+    result = _run(TINY_DENSE_MODEL, "LMCacheConnectorV1", "--corrupt")
+    assert result["corrupted"] == 4 and result["chunks_loaded"] == 4
+    cold, warm = result["passes"]
+    assert warm["logprobs"] != cold["logprobs"]

@@ -1,0 +1,68 @@
+"""The connector names most LMCache users configure, served by ``vllm serve`` with this package installed:
+vLLM's ``LMCacheConnectorV1`` (a Gemma-3-like hybrid, which vLLM then serves with one KV-cache group) and
+LMCache's ``LMCacheConnectorV1Dynamic`` through its module path (a dense model). A cold server answers each
+prompt twice (the repeat loads from LMCache: vLLM's prefix cache is off), a fresh server loads every whole chunk
+from Redis; answers (tokens and top-5 logits) are identical to the cold ones, hit counts exact."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lmcache_platforms.tools.demo.client import Sampling
+from lmcache_platforms.tools.demo.model import TINY_DENSE_MODEL, TINY_MODEL, ModelSpec, ensure_model
+from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.server_pass import ServerPassRunner, serve_args
+from lmcache_platforms.tools.demo.workload import FIRST_ORDINARY_TOKEN, Request
+from lmcache_platforms.tools.redis_server import RedisServer
+from tests.ci import missing
+
+pytestmark = pytest.mark.slow
+
+CHUNK = 64
+LENGTHS = (300, 200)  # 4 and 3 whole chunks (vLLM computes the last token itself)
+
+
+def _requests(vocab: int) -> list[Request]:
+    """Prompts sharing no chunk, so a hit can only be the same prompt's own."""
+    span = vocab - FIRST_ORDINARY_TOKEN
+    return [Request(f"prompt-{i}", [(t * 37 + i * 101) % span + FIRST_ORDINARY_TOKEN for t in range(n)])
+            for i, n in enumerate(LENGTHS)]
+
+
+@pytest.mark.parametrize(("model", "connector"), [
+    (TINY_MODEL, {"kv_connector": "LMCacheConnectorV1"}),
+    (TINY_DENSE_MODEL, {"kv_connector": "LMCacheConnectorV1Dynamic",
+                        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_connector_v1"}),
+], ids=["vllm-LMCacheConnectorV1-gemma3", "lmcache-LMCacheConnectorV1Dynamic-dense"])
+def test_upstream_name_serves_identically_with_exact_hits(tmp_path: Path, model: ModelSpec,
+                                                          connector: dict[str, str]) -> None:
+    if shutil.which("redis-server") is None:
+        missing("redis-server is not on PATH (Debian package redis-server)")
+    requests = _requests(model.vocab_size)
+    runner = ServerPassRunner(tmp_path, Resources.available(), ensure_model(model),
+                              [*serve_args(32, 1024), "--no-enable-prefix-caching"], Sampling(max_tokens=8),
+                              progress=lambda _line: None)
+    with RedisServer(str(tmp_path)) as redis:
+        config = tmp_path / "lmcache.yaml"
+        config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n"
+                          f'remote_url: "{redis.url}"\nremote_serde: naive\n')
+        env = {"LMCACHE_CONFIG_FILE": str(config)}
+        transfer = {**connector, "kv_role": "kv_both"}
+        cold = runner.run("cold", transfer, requests + requests, None, env)
+        fresh = runner.run("fresh", transfer, requests, None, env)
+    for result in (cold, fresh):
+        assert result["exit_code"] == 0, Path(result["log"]).read_text()[-3000:]
+    log = Path(cold["log"]).read_text()
+    assert f"LMCache engine impl wrapped by {connector['kv_connector']}" in log
+    assert "TypeError" not in log
+    whole = [n // CHUNK * CHUNK for n in LENGTHS]
+    assert [r["lmcache_hit_tokens"] for r in cold["requests"]] == [0, 0, *whole]
+    assert [r["lmcache_hit_tokens"] for r in fresh["requests"]] == whole
+    first = cold["requests"][: len(requests)]
+    for repeat in (cold["requests"][len(requests):], fresh["requests"]):
+        assert [(r["tokens"], r["top_logits"]) for r in repeat] == [(r["tokens"], r["top_logits"]) for r in first]
+    assert all(len(r["tokens"]) == 8 for r in first), json.dumps(first)[:500]
