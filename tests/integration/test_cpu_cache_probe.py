@@ -50,3 +50,40 @@ def test_this_machines_vec_kernel_stores_k_transposed():
 def test_a_kernel_we_cannot_probe_stops_with_a_clear_error():
     with pytest.raises(UnknownCacheLayout, match=r"isa=no-such-isa.*cannot probe the cache layout"):
         probe_cpu_layout("no-such-isa", torch.bfloat16, 32, 64)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_rows_read_through_the_probed_layout_are_the_bytes_vllm_wrote(kv_cache_dtype):
+    """fp8 caches: the bytes vLLM's kernel wrote (values divided by the layer's scale, then cast), in the layout
+    the probe found; values fp8 holds exactly, so the expected bytes are a plain cast."""
+    from lmcache_platforms.integration.vllm.cpu_cache_probe import FP8_CACHE_DTYPES
+
+    block_size, head_size, scale = 32, 64, 2.0
+    try:
+        isa = _get_attn_isa(torch.bfloat16, block_size, head_size, kv_cache_dtype)
+    except NotImplementedError as exc:
+        pytest.skip(f"vLLM's CPU backend has no fp8 cache on this CPU: {exc}")
+    hint = probe_cpu_layout(isa, torch.uint8, block_size, head_size, kv_cache_dtype, torch.bfloat16)
+    assert hint in (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED)
+    blocks, heads, tokens = 4, 2, 3 * block_size - 5
+    cache = torch.zeros(blocks, heads, block_size, 2 * head_size, dtype=torch.uint8)
+    halves = cache.view(blocks, heads, 2 * block_size, head_size)
+    gen = torch.Generator().manual_seed(7)
+    exact = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -1.0, -3.0, -6.0])
+    key, value = (exact[torch.randint(len(exact), (tokens, heads, head_size), generator=gen)] * scale
+                  for _ in range(2))
+    slots = torch.arange(tokens) + block_size
+    ops.cpu_attn_reshape_and_cache(key.bfloat16(), value.bfloat16(), *halves.chunk(2, dim=2), slots, isa,
+                                   k_scale=scale, v_scale=scale, kv_cache_dtype=kv_cache_dtype)
+    planes = planes_from_tensor("layer", 0, cache, hint)
+    buffer = torch.zeros(sum(p.row_bytes for p in planes) * tokens, dtype=torch.uint8)
+    TorchBackend().transfer(planes, slots, buffer, Direction.STORE)
+    rows = buffer.split([p.row_bytes * tokens for p in planes])
+    part = {p.name: r.view(tokens, -1) for p, r in zip(planes, rows, strict=True)}
+    k = torch.cat([part[p.name] for p in planes if p.name.split(".")[0] == "k"], dim=1)
+    v = torch.cat([part[p.name] for p in planes if p.name.split(".")[0] == "v"], dim=1)
+    fp8 = FP8_CACHE_DTYPES[kv_cache_dtype]
+    assert torch.equal(k.view(tokens, heads, head_size), (key / scale).to(fp8).view(torch.uint8))
+    assert torch.equal(v.view(tokens, heads, head_size), (value / scale).to(fp8).view(torch.uint8))
+    other = torch.float8_e5m2 if fp8 is torch.float8_e4m3fn else torch.float8_e4m3fn
+    assert not torch.equal(k.view(tokens, heads, head_size), (key / scale).to(other).view(torch.uint8))

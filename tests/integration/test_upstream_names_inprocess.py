@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _run(model: ModelSpec, connector: str, *flags: str) -> dict:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
+def _run(model: ModelSpec, connector: str, *flags: str, **extra_env: str) -> dict:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO), **extra_env}
     proc = subprocess.run([sys.executable, "-m", "tests.integration.upstream_names_run", str(ensure_model(model)),
                            connector, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -55,3 +55,24 @@ def test_the_identical_answer_oracle_catches_corrupt_chunks() -> None:
     assert result["corrupted"] == 4 and result["chunks_loaded"] == 4
     cold, warm = result["passes"]
     assert warm["logprobs"] != cold["logprobs"]
+
+
+def test_a_vllm_without_lmcache_is_unchanged_by_the_plugin(without_connector: dict) -> None:
+    """No connector and vLLM's ExampleConnector, with our plugin loaded and without it (``VLLM_PLUGINS`` naming
+    none of ours): the same answers, and the plugin imports no LMCache."""
+    unplugged = _run(TINY_DENSE_MODEL, "none", VLLM_PLUGINS="none")
+    example = _run(TINY_DENSE_MODEL, "ExampleConnector")
+    example_unplugged = _run(TINY_DENSE_MODEL, "ExampleConnector", VLLM_PLUGINS="none")
+    assert without_connector["lmcache_imported"] is False and example["lmcache_imported"] is False
+    for result in (unplugged, example, example_unplugged):
+        assert result["passes"] == without_connector["passes"]
+
+
+def test_the_kept_upstream_adapter_still_serves_our_connector() -> None:
+    """The way out (LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER=1) leaves upstream's impl under its name; our
+    connector builds ours directly and still loads every chunk."""
+    result = _run(TINY_MODEL, "LMCachePlatformsConnector", LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER="1")
+    assert (result["hma"], result["wrapper"], result["chunks_stored"], result["chunks_loaded"]) == (
+        True, "LMCachePlatformsConnector", 4, 4)
+    cold, warm = result["passes"]
+    assert warm == cold

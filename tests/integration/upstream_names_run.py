@@ -3,8 +3,10 @@ installed as users have it (the ``vllm.general_plugins`` entry point activates i
 
 Prints one JSON line: whether vLLM kept its hybrid KV-cache manager, the chunks our GPU connector stored and
 loaded, and each pass's tokens with their top-5 logprobs. ``--corrupt`` overwrites every chunk in LMCache's
-local CPU tier between the passes (the negative control of the identical-output oracle). Run in a subprocess:
-``python -m tests.integration.upstream_names_run MODEL CONNECTOR [--corrupt]`` (``none``: no connector).
+local CPU tier between the passes (the negative control of the identical-output oracle); ``--fp8`` makes vLLM
+keep its KV cache in fp8 (``kv_cache_dtype="fp8"``). Run in a subprocess:
+``python -m tests.integration.upstream_names_run MODEL CONNECTOR [--corrupt] [--fp8]`` (``none``: no connector;
+``ExampleConnector``: vLLM's own example connector, storing in a temporary folder).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ MODULE_PATHS = {"LMCacheConnectorV1Dynamic": "lmcache.integration.vllm.lmcache_c
 def transfer_config(connector: str) -> dict | None:
     if connector == "none":
         return None
+    if connector == "ExampleConnector":
+        import tempfile
+
+        return {"kv_connector": connector, "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": tempfile.mkdtemp()}}
     config = {"kv_connector": connector, "kv_role": "kv_both",
               "kv_connector_extra_config": {"lmcache.chunk_size": CHUNK, "lmcache.local_cpu": True,
                                             "lmcache.max_local_cpu_size": 0.5}}
@@ -46,12 +53,13 @@ def _corrupt(impl) -> int:
     return len(backend.hot_cache)
 
 
-def main(model: str, connector: str, corrupt: bool) -> None:
+def main(model: str, connector: str, corrupt: bool, fp8: bool) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, block_size=32, max_model_len=1024,
-              enable_prefix_caching=False, kv_transfer_config=transfer_config(connector))
+              enable_prefix_caching=False, kv_transfer_config=transfer_config(connector),
+              kv_cache_dtype="fp8" if fp8 else "auto")
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=5)
     passes, corrupted = [], None
     for index in range(2):
@@ -63,16 +71,16 @@ def main(model: str, connector: str, corrupt: bool) -> None:
         passes.append({"tokens": list(out.token_ids),
                        "logprobs": [sorted((t, lp.logprob) for t, lp in step.items()) for step in out.logprobs]})
     result = {"hma": not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
-              "passes": passes, "corrupted": corrupted}
-    if connector != "none":
+              "passes": passes, "corrupted": corrupted, "lmcache_imported": "lmcache" in sys.modules}
+    if connector not in ("none", "ExampleConnector"):
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
         impl = _impl(get_kv_transfer_group())
         counters = impl.lmcache_engine.gpu_connector.binding.counters
-        result.update(wrapper=impl.contract.wrapper, groups=len(impl.plan.groups),
+        result.update(wrapper=impl.contract.wrapper, groups=len(impl.plan.groups), key_tags=impl._key_tags,
                       chunks_stored=counters.chunks_stored, chunks_loaded=counters.chunks_loaded)
     print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "--corrupt" in sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], "--corrupt" in sys.argv[3:], "--fp8" in sys.argv[3:])

@@ -66,3 +66,30 @@ def test_upstream_name_serves_identically_with_exact_hits(tmp_path: Path, model:
     for repeat in (cold["requests"][len(requests):], fresh["requests"]):
         assert [(r["tokens"], r["top_logits"]) for r in repeat] == [(r["tokens"], r["top_logits"]) for r in first]
     assert all(len(r["tokens"]) == 8 for r in first), json.dumps(first)[:500]
+
+
+@pytest.mark.parametrize(("extra_args", "extra_env"), [
+    (["--kv-cache-dtype", "fp8"], {}),
+    (["--tensor-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+], ids=["fp8", "tp2"])
+def test_what_vllm_serves_without_the_connector_it_serves_with_it(tmp_path: Path, extra_args: list[str],
+                                                                    extra_env: dict[str, str]) -> None:
+    """The hybrid model under settings vLLM's CPU build serves without a connector: the same answers with
+    ``LMCachePlatformsConnector``, and the repeats load every whole chunk."""
+    if "--tensor-parallel-size" in extra_args and len(Resources.available().cores) < 2:
+        pytest.skip("tensor parallel 2 on CPU needs two cores, one per rank")
+    requests = _requests(TINY_MODEL.vocab_size)
+    runner = ServerPassRunner(tmp_path, Resources.available(), ensure_model(TINY_MODEL),
+                              [*serve_args(32, 1024), "--no-enable-prefix-caching", *extra_args],
+                              Sampling(max_tokens=8), progress=lambda _line: None)
+    config = tmp_path / "lmcache.yaml"
+    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
+    env = {"LMCACHE_CONFIG_FILE": str(config), **extra_env}
+    bare = runner.run("bare", None, requests, None, extra_env)
+    served = runner.run("ours", {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
+                        requests + requests, None, env)
+    for result in (bare, served):
+        assert result["exit_code"] == 0, Path(result["log"]).read_text()[-3000:]
+    assert [r["lmcache_hit_tokens"] for r in served["requests"]] == [0, 0, *(n // CHUNK * CHUNK for n in LENGTHS)]
+    answers = [(r["tokens"], r["top_logits"]) for r in bare["requests"]]
+    assert [(r["tokens"], r["top_logits"]) for r in served["requests"]] == answers + answers

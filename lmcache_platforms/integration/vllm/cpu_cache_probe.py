@@ -4,7 +4,9 @@ The CPU cache is declared ``[blocks, kv_heads, block_size, 2 * head_size]`` but 
 (block, head) page depend on the kernel ISA the backend picked (K is stored transposed for ``vec``; other
 ISAs may pack differently). Guessing wrong would silently corrupt every reloaded cache, so we write known
 keys and values through vLLM's own cache-write op into a scratch page and compare the result with the
-layouts we can move. Anything else stops the connector at ``register_kv_caches``.
+layouts we can move. Anything else stops the connector at ``register_kv_caches``. An fp8 cache (``--kv-cache-dtype
+fp8``, ``fp8_e4m3``, ``fp8_e5m2``: one byte per element, the layer's scale applied by vLLM on the way in and out)
+is probed with values fp8 holds exactly, so its bytes are known too; the chunks carry those bytes unchanged.
 """
 
 from __future__ import annotations
@@ -20,37 +22,58 @@ class UnknownCacheLayout(RuntimeError):
     """vLLM's CPU backend stores K/V in a way no plane description of ours matches."""
 
 
-def _write_scratch(isa: str, dtype: torch.dtype, block_size: int, head_size: int,
-                   key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+FP8_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+"""vLLM cache dtypes stored as plain fp8 bytes, with the format of those bytes."""
+# Exact in both fp8 formats (two mantissa bits suffice): a cast stores them unrounded.
+_FP8_EXACT = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _write_scratch(isa: str, dtype: torch.dtype, block_size: int, head_size: int, key: torch.Tensor,
+                   value: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
     from vllm import _custom_ops as ops
 
     num_blocks, heads = 2, key.shape[1]
     cache = torch.zeros(num_blocks, heads, block_size, 2 * head_size, dtype=dtype)
     halves = cache.view(num_blocks, heads, 2 * block_size, head_size)
     key_cache, value_cache = halves.chunk(2, dim=2)
-    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa, kv_cache_dtype=kv_cache_dtype)
     return cache
 
 
+def _inputs(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, fp8: torch.dtype | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K or V as written (in ``dtype``) and the values the cache should hold (as the cache's bytes for fp8)."""
+    if fp8 is None:
+        written = torch.randn(shape, generator=gen).to(dtype)
+        return written, written
+    written = _FP8_EXACT[torch.randint(len(_FP8_EXACT), shape, generator=gen)].to(dtype)
+    return written, written.to(fp8).view(torch.uint8)
+
+
 @functools.cache
-def probe_cpu_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: int) -> TensorLayout:
-    """The TensorLayout vLLM's CPU cache-write kernel produces for this ISA, dtype and page shape."""
+def probe_cpu_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: int, kv_cache_dtype: str = "auto",
+                     input_dtype: torch.dtype = torch.bfloat16) -> TensorLayout:
+    """The TensorLayout vLLM's CPU cache-write kernel produces for this ISA, cache dtype and page shape
+    (``input_dtype``: the model's, what an fp8 cache is written from)."""
     heads, num_blocks = 2, 2
     tokens = num_blocks * block_size
     gen = torch.Generator().manual_seed(1234)
-    key = torch.randn(tokens, heads, head_size, generator=gen).to(dtype)
-    value = torch.randn(tokens, heads, head_size, generator=gen).to(dtype)
+    fp8 = FP8_CACHE_DTYPES.get(kv_cache_dtype)
+    written_dtype = dtype if fp8 is None else input_dtype
+    key, stored_key = _inputs(gen, (tokens, heads, head_size), written_dtype, fp8)
+    value, stored_value = _inputs(gen, (tokens, heads, head_size), written_dtype, fp8)
     slots = torch.randperm(tokens, generator=gen)
-    where = f"vLLM CPU attention (isa={isa}, dtype={dtype}, block_size={block_size}, head_size={head_size})"
+    where = (f"vLLM CPU attention (isa={isa}, dtype={dtype}, kv_cache_dtype={kv_cache_dtype}, "
+             f"block_size={block_size}, head_size={head_size})")
     try:
-        cache = _write_scratch(isa, dtype, block_size, head_size, key, value, slots)
+        cache = _write_scratch(isa, dtype, block_size, head_size, key, value, slots, kv_cache_dtype)
     except Exception as exc:
         raise UnknownCacheLayout(f"{where}: cannot probe the cache layout ({type(exc).__name__}: {exc})") from exc
     # Token t went to slot slots[t]: expected[b, h, r] is the token whose slot is b * block_size + r.
     order = torch.empty_like(slots)
     order[slots] = torch.arange(tokens)
-    want_k = key[order].view(num_blocks, block_size, heads, head_size).transpose(1, 2)
-    want_v = value[order].view(num_blocks, block_size, heads, head_size).transpose(1, 2)
+    want_k = stored_key[order].view(num_blocks, block_size, heads, head_size).transpose(1, 2)
+    want_v = stored_value[order].view(num_blocks, block_size, heads, head_size).transpose(1, 2)
     page = cache.view(num_blocks, heads, 2 * block_size * head_size)
     k_part = page[..., : block_size * head_size]
     v_part = page[..., block_size * head_size :].reshape(num_blocks, heads, block_size, head_size)

@@ -47,7 +47,7 @@ from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, si
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.recurrent import StepSettings
-from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
+from lmcache_platforms.integration.vllm.registered_layout import build_layout, cache_dtype_tags, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.integration.vllm.wrapper_contract import contract_of
@@ -266,7 +266,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         binding = _bind(connector, self.layout, self._split_chunks())
         if connector.parts:
             install_parts(engine, connector.parts, self._lmcache_chunk_size)
-        self._key_tags = dict(binding.key_tags)
+        self._key_tags = {**binding.key_tags, **cache_dtype_tags(self._vllm_config)}
         tag_engine_lookups(engine, self._key_tags)
 
     def _split_chunks(self) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from lmcache_platforms.config import PlatformSettings
-from lmcache_platforms.integration.vllm.cpu_cache_probe import probe_cpu_layout
+from lmcache_platforms.integration.vllm.cpu_cache_probe import FP8_CACHE_DTYPES, probe_cpu_layout
 from lmcache_platforms.integration.vllm.groups import GroupPlan
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
@@ -44,10 +44,22 @@ def kernel_rows_per_block(value: Any, group: KVGroup, num_blocks: int | None) ->
     return group.block_size
 
 
+KV_CACHE_DTYPE_TAG = "lmcache.tag.lmcp_kv_cache_dtype"
+
+
+def cache_dtype_tags(vllm_config: Any) -> dict[str, str]:
+    """A key tag naming vLLM's quantized cache dtype: fp8 caches are uint8 tensors on every platform, so e4m3
+    and e5m2 chunks have the same layout fingerprint and must be kept apart by name."""
+    cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+    return {KV_CACHE_DTYPE_TAG: cache_dtype} if cache_dtype.startswith("fp8") else {}
+
+
 def vllm_hint_for(vllm_config: Any) -> HintFor:
     """Hints from the running attention backends: vLLM's CPU backend is probed; others infer from shape."""
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
     cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+    model_dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+    input_dtype = model_dtype if isinstance(model_dtype, torch.dtype) else torch.bfloat16
 
     def hint(layer_name: str, value: Any, group: KVGroup) -> Hint:
         backend = getattr(context.get(layer_name), "attn_backend", None)
@@ -61,15 +73,17 @@ def vllm_hint_for(vllm_config: Any) -> HintFor:
         if not isinstance(value, torch.Tensor) or value.dim() != 4:
             raise ValueError(f"layer {layer_name!r}: vLLM's CPU attention cache should be one 4-D tensor, got "
                              f"{type(value).__name__}")
-        if cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise ValueError(f"layer {layer_name!r}: vLLM CPU KV cache dtype {cache_dtype!r} is not supported")
+        if cache_dtype not in ("auto", "bfloat16", "float16", "float32", *FP8_CACHE_DTYPES):
+            raise ValueError(f"layer {layer_name!r}: vLLM CPU KV cache dtype {cache_dtype!r} is not supported "
+                             f"(supported: auto, bfloat16, float16, float32, {', '.join(FP8_CACHE_DTYPES)})")
         block_size, head_size = value.shape[2], value.shape[3] // 2
         isa = getattr(context.get(layer_name), "isa", None)
         if isa is None:
             from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-            isa = _get_attn_isa(value.dtype, block_size, head_size, cache_dtype)
-        return probe_cpu_layout(str(isa), value.dtype, block_size, head_size)
+            isa = _get_attn_isa(input_dtype if cache_dtype in FP8_CACHE_DTYPES else value.dtype, block_size,
+                                head_size, cache_dtype)
+        return probe_cpu_layout(str(isa), value.dtype, block_size, head_size, cache_dtype, input_dtype)
 
     return hint
 
