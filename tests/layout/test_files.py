@@ -17,7 +17,8 @@ from lmcache_platforms.tools.fixtures import materialize, materialize_tensors, p
 from tests.layout.strategies import layout_specs
 
 BENCH = ("deepseek-v4", "llama8b")
-SMALL = ("ascend-310p-nz", "deepseek-v4-small", "gemma3", "llama", "mla-int8", "qwen3-next", "vllm-cpu")
+SMALL = ("ascend-310p-nz", "deepseek-v4-small", "gemma3", "llama", "mla-int8", "qwen3-next", "vllm-cpu",
+         "vllm-cpu-fp8")
 
 
 def test_shipped_examples():
