@@ -21,11 +21,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from lmcache_platforms.integration.vllm.readiness import ensure_ready
+from lmcache_platforms.integration.vllm.stats import PlatformsConnectorStats, PlatformsPromMetrics
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -126,6 +128,19 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         """Idempotent (the impl's is): vLLM's engine shutdown and the impl's exit hook may both run it."""
         self._impl.shutdown()
+
+    # Both sides: statistics (vLLM's stats line, /metrics)
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self._impl.stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return PlatformsConnectorStats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type, type], labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> PlatformsPromMetrics:
+        return PlatformsPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # Scheduler side
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -21,6 +21,7 @@ failed-block reporting. Rules on top of upstream's:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, cache_dtype_tags, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
+from lmcache_platforms.integration.vllm.stats import StatsRecorder
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.integration.vllm.wrapper_contract import contract_of
 from lmcache_platforms.layout.kv_layout import KVLayout
@@ -235,6 +237,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._failed_loads: set[str] = set()
         # Worker side.
         self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
+        # What vLLM's stats line and /metrics show (taken by the connector every step).
+        self.stats = StatsRecorder()
 
     # ------------------------------------------------------------------ worker side
 
@@ -347,6 +351,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
         binding = self._binding()
         bytes_before = binding.counters.bytes_loaded if binding is not None else 0
+        chunks_before = binding.counters.chunks_loaded if binding is not None else 0
+        started = time.perf_counter()
         try:
             ret_mask = engine.retrieve(
                 request.token_ids[:num_tokens],
@@ -358,6 +364,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         finally:
             if not self.async_loading:
                 engine.lookup_unpin(request.req_id)
+            self.stats.timing("load_seconds", time.perf_counter() - started)
+            if binding is not None:
+                self.stats.count("bytes_loaded", binding.counters.bytes_loaded - bytes_before)
+                self.stats.count("chunks_loaded", binding.counters.chunks_loaded - chunks_before)
         if guard.failure is not None:
             logger.error("request %s: LMCache load of %d tokens failed: %s", request.req_id, int(mask.sum()),
                          guard.failure)
@@ -376,6 +386,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
     def _fail_load(self, request: RequestMeta, first: int, num_tokens: int) -> None:
         """A single-group model's synchronous load did not fully arrive: its blocks holding tokens
         ``[first, num_tokens)`` go to vLLM, which recomputes or fails the request."""
+        self.stats.count("loads_failed")
         if self.plan.multi_group:
             raise RuntimeError(
                 f"request {request.req_id}: a load of a model with {len(self.plan.saved)} KV-cache groups ran in "
@@ -385,7 +396,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def get_transfer_results(self) -> LoadResults:
         """Wait-state loads that ended since the last step (failed ones are also in ``finished``)."""
-        return self.loads.poll()
+        results = self.loads.poll()
+        self.stats.count("loads_failed", len(results.failed))
+        return results
 
     def wait_for_save(self) -> None:
         engine = self.lmcache_engine
@@ -412,13 +425,20 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             mask[:start] = False
             binding = self._binding()
             bytes_before = binding.counters.bytes_stored if binding is not None else 0
+            chunks_before = binding.counters.chunks_stored if binding is not None else 0
+            started = time.perf_counter()
             engine.store(
                 request.token_ids[:end],
                 mask=mask,
                 offset=start,
                 **self._transfer_kwargs(request, request.block_ids),
             )
-            if binding is not None and binding.counters.bytes_stored > bytes_before:
+            if binding is None:
+                continue
+            self.stats.timing("store_seconds", time.perf_counter() - started)
+            self.stats.count("bytes_stored", binding.counters.bytes_stored - bytes_before)
+            self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
+            if binding.counters.bytes_stored > bytes_before:
                 logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written", request.req_id,
                             start, end, binding.counters.bytes_stored - bytes_before)
 
@@ -534,12 +554,19 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         tokens = self.get_num_new_matched_tokens(request, num_computed_tokens)
         return tokens, bool(tokens) and self.waits_for_loads
 
+    def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None:
+        """Upstream's contract (no blocks: a load runs in the step that computes the request); counts the
+        lookup and the hit vLLM took (once per scheduled request, unlike the lookup, which vLLM may repeat)."""
+        super().update_state_after_alloc(request, num_external_tokens)
+        self.stats.count("lookups")
+        self.stats.count("hit_tokens", num_external_tokens)
+
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        """Our connector's call (upstream wrappers call upstream's ``update_state_after_alloc``, which gets no
-        blocks): upstream's bookkeeping; a load that waits is described now, with every group's
+        """Our connector's call (upstream wrappers call ``update_state_after_alloc``, which gets no blocks):
+        upstream's bookkeeping; a load that waits is described now, with every group's
         blocks, and goes to the workers with this step's metadata (vLLM schedules the request only once it is
         reported)."""
-        super().update_state_after_alloc(request, num_external_tokens)
+        self.update_state_after_alloc(request, num_external_tokens)
         req_id = request.request_id
         spec = self.load_specs.get(req_id)
         if not self.waits_for_loads or spec is None or not spec.can_load:

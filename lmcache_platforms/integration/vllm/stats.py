@@ -1,0 +1,124 @@
+"""Connector statistics for vLLM's periodic stats line and ``/metrics``.
+
+vLLM asks every worker and the scheduler for ``get_kv_connector_stats()`` each step, sums them with
+``aggregate`` (across tensor-parallel workers and steps), logs ``reduce()`` with its periodic stats line and hands
+the same data to our Prometheus families (``build_prom_metrics``). The data is a plain dict (it crosses process
+boundaries): counters, and the seconds of each load and store for the histograms.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+PREFIX = "vllm:lmcache_platforms_"
+COUNTERS: dict[str, str] = {
+    "lookups": "requests the scheduler asked LMCache about",
+    "hit_tokens": "tokens LMCache reported as hits beyond vLLM's own prefix cache",
+    "chunks_stored": "chunk objects written to LMCache",
+    "bytes_stored": "KV bytes written to LMCache",
+    "chunks_loaded": "chunk objects read from LMCache into the KV cache",
+    "bytes_loaded": "KV bytes read from LMCache into the KV cache",
+    "loads_failed": "loads reported failed to vLLM (the request is recomputed or failed, per its policy)",
+}
+TIMINGS: dict[str, str] = {
+    "store_seconds": "seconds one request's store took (LMCache's store call, copy included)",
+    "load_seconds": "seconds one request's load took (LMCache's retrieve call, copy included)",
+}
+# Timings kept between two takes: a wrapper that never takes them (vLLM's LMCacheConnectorV1) costs this much.
+MAX_TIMINGS = 4096
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _empty() -> dict[str, Any]:
+    return {**dict.fromkeys(COUNTERS, 0), **{name: [] for name in TIMINGS}}
+
+
+class PlatformsConnectorStats(KVConnectorStats):
+    """Counters summed and timings concatenated over workers and steps."""
+
+    def __init__(self, data: dict[str, Any] | None = None) -> None:
+        super().__init__(data={**_empty(), **(data or {})})
+
+    def reset(self) -> None:
+        self.data = _empty()
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name in COUNTERS:
+            self.data[name] += other.data.get(name, 0)
+        for name in TIMINGS:
+            self.data[name] = [*self.data[name], *other.data.get(name, ())]
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        """The interval's counters, and the mean of each timing in milliseconds."""
+        reduced: dict[str, int | float] = {name: self.data[name] for name in COUNTERS}
+        for name in TIMINGS:
+            values = self.data[name]
+            reduced[f"{name.removesuffix('_seconds')}_ms_mean"] = (
+                round(1000 * sum(values) / len(values), 3) if values else 0.0)
+        return reduced
+
+    def is_empty(self) -> bool:
+        return not any(self.data[name] for name in (*COUNTERS, *TIMINGS))
+
+
+class StatsRecorder:
+    """What one connector side saw since vLLM last took its stats; thread-safe (loads run on a loader thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._timings: dict[str, deque[float]] = {name: deque(maxlen=MAX_TIMINGS) for name in TIMINGS}
+
+    def count(self, name: str, value: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += value
+
+    def timing(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._timings[name].append(seconds)
+
+    def take(self) -> PlatformsConnectorStats | None:
+        """The stats since the last take (None when nothing happened), and start afresh."""
+        with self._lock:
+            data = {**self._counts, **{name: list(values) for name, values in self._timings.items()}}
+            self._counts = dict.fromkeys(COUNTERS, 0)
+            for values in self._timings.values():
+                values.clear()
+        stats = PlatformsConnectorStats(data)
+        return None if stats.is_empty() else stats
+
+
+def _per_engine(metrics: dict[str, Any], labelvalues: dict[int, list[object]]) -> dict[int, dict[str, Any]]:
+    """Each metric with each engine's label values bound."""
+    return {engine: {name: metric.labels(*values) for name, metric in metrics.items()}
+            for engine, values in labelvalues.items()}
+
+
+class PlatformsPromMetrics(KVConnectorPromMetrics):
+    """``vllm:lmcache_platforms_*_total`` counters and ``*_seconds`` histograms, per vLLM engine."""
+
+    def __init__(self, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        # vLLM types its metric classes as one union; these are its Counter and Histogram.
+        counter: Any = self._counter_cls
+        histogram: Any = self._histogram_cls
+        counters = {name: counter(name=f"{PREFIX}{name}", documentation=doc, labelnames=labelnames)
+                    for name, doc in COUNTERS.items()}
+        histograms = {name: histogram(name=f"{PREFIX}{name}", documentation=doc, buckets=list(BUCKETS),
+                                      labelnames=labelnames) for name, doc in TIMINGS.items()}
+        self._counters = _per_engine(counters, per_engine_labelvalues)
+        self._histograms = _per_engine(histograms, per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, metric in self._counters[engine_idx].items():
+            if transfer_stats_data.get(name):
+                metric.inc(transfer_stats_data[name])
+        for name, metric in self._histograms[engine_idx].items():
+            for seconds in transfer_stats_data.get(name, ()):
+                metric.observe(seconds)

@@ -1,0 +1,46 @@
+"""The connector statistics vLLM aggregates across workers and steps, and the recorder each side keeps."""
+
+from __future__ import annotations
+
+from lmcache_platforms.integration.vllm.stats import MAX_TIMINGS, PlatformsConnectorStats, StatsRecorder
+
+
+def test_aggregate_sums_counters_and_joins_timings() -> None:
+    one = PlatformsConnectorStats({"bytes_loaded": 100, "chunks_loaded": 1, "load_seconds": [0.5]})
+    two = PlatformsConnectorStats({"bytes_loaded": 28, "chunks_loaded": 2, "load_seconds": [0.25, 0.25]})
+    total = one.aggregate(two)
+    assert total.data["bytes_loaded"] == 128 and total.data["chunks_loaded"] == 3
+    assert total.data["load_seconds"] == [0.5, 0.25, 0.25]
+    reduced = total.reduce()
+    assert reduced["load_ms_mean"] == 333.333 and reduced["store_ms_mean"] == 0.0
+    assert reduced["bytes_loaded"] == 128 and reduced["loads_failed"] == 0
+
+
+def test_a_recorder_gives_what_happened_since_the_last_take_and_nothing_when_idle() -> None:
+    recorder = StatsRecorder()
+    assert recorder.take() is None
+    recorder.count("lookups")
+    recorder.count("hit_tokens", 256)
+    recorder.timing("store_seconds", 0.002)
+    taken = recorder.take()
+    assert taken is not None and not taken.is_empty()
+    assert (taken.data["lookups"], taken.data["hit_tokens"], taken.data["store_seconds"]) == (1, 256, [0.002])
+    assert recorder.take() is None
+
+
+def test_timings_nobody_takes_stay_bounded() -> None:
+    """vLLM's LMCacheConnectorV1 runs our impl but never takes its stats."""
+    recorder = StatsRecorder()
+    for i in range(MAX_TIMINGS + 10):
+        recorder.timing("load_seconds", float(i))
+    taken = recorder.take()
+    assert taken is not None and len(taken.data["load_seconds"]) == MAX_TIMINGS
+    assert taken.data["load_seconds"][0] == 10.0
+
+
+def test_an_empty_stats_object_is_empty_and_reset_empties() -> None:
+    assert PlatformsConnectorStats().is_empty()
+    stats = PlatformsConnectorStats({"loads_failed": 1})
+    assert not stats.is_empty()
+    stats.reset()
+    assert stats.is_empty()
