@@ -5,7 +5,7 @@ PLATFORM ?= cpu
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-$(PLATFORM)
 
-.PHONY: setup test demo lint clean
+.PHONY: setup test device-check demo lint clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,11 @@ test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# On a GPU machine (make device-check PLATFORM=cuda): the kernel contract suite, the Triton kernel run on the GPU
+# and its bench against a same-size copy, as one JSON object on stdout.
+device-check: setup
+	PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false $(PY) scripts/device_check.py
 
 demo: setup
 	$(VENV)/bin/lmcache-platforms demo
