@@ -4,8 +4,10 @@ VENV ?= .venv
 PLATFORM ?= cpu
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-$(PLATFORM)
+# The environment every test run gets, here and in CI (.ci/run is `make test` with CI=true added).
+TEST_ENV := PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false
 
-.PHONY: setup test demo lint clean
+.PHONY: setup test device-check demo lint clean
 
 setup: $(STAMP)
 
@@ -18,7 +20,12 @@ test: setup
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(TEST_ENV) $(PY) -m pytest -q
+
+# On a GPU machine (make device-check PLATFORM=cuda): the kernel contract suite, the Triton kernel run on the GPU
+# and its bench against a same-size copy, as one JSON object on stdout.
+device-check: setup
+	$(TEST_ENV) $(PY) scripts/device_check.py
 
 demo: setup
 	$(VENV)/bin/lmcache-platforms demo

@@ -1,8 +1,8 @@
 """The one way a test gives up on a missing component: skipped on a developer's machine, failed under CI.
 
-CI (``CI=true``, which ``.ci/run`` sets and most CI services set too) is where every component the suite
-verifies must be present, so there a missing redis-server, vLLM 0.23 install or unreachable package
-registry fails the run instead of silently shrinking it.
+CI (``CI=true``, which ``.ci/run`` sets before ``make test`` and most CI services set too) is where every
+component the suite verifies must be present, so there a missing redis-server, vLLM 0.23 install or
+unreachable package registry fails the run instead of silently shrinking it.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from lmcache_platforms.layout.plane import Plane
 
 GPU_DEVICES = ("cuda", "xpu")
 _UNIT_DTYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+UNITS = tuple(_UNIT_DTYPES)
 # Plane-table fields the kernel reads, each passed as a constexpr offset (upper-cased name) from FIELD.
 _TABLE_FIELDS_READ = ("base", "block_stride", "rows_per_block", "row_stride", "segment_bytes", "segment_stride",
                       "row_bytes", "buffer_prefix")
@@ -98,6 +99,20 @@ def _kernel():
     return transfer_kernel, tl
 
 
+def launch_constants(unit: int, direction: Direction, block: int) -> dict[str, object]:
+    """The constexpr arguments of one launch, i.e. what the kernel is compiled for (shared with the
+    ahead-of-time compile tests, so they compile exactly what a launch runs)."""
+    _, tl = _kernel()
+    return {
+        "FIELD_COUNT": len(FIELDS),
+        **{name.upper(): FIELD[name] for name in _TABLE_FIELDS_READ},
+        "UNIT": unit,
+        "UNIT_DTYPE": getattr(tl, _UNIT_DTYPES[unit]),
+        "STORE": direction is Direction.STORE,
+        "BLOCK": block,
+    }
+
+
 def transfer_unit(planes: Sequence[Plane], buffer_address: int) -> int:
     """Widest of 8/4/2/1 bytes dividing every address, stride and size the kernel touches."""
     unit = 8
@@ -152,7 +167,7 @@ class TritonBackend(KernelBackend):
         rows = slots.shape[-1]
         if rows == 0:
             return
-        kernel, tl = _kernel()
+        kernel, _ = _kernel()
         slots = slots.to(device).contiguous()
         unit = transfer_unit(planes, buffer.data_ptr())
         widest = max(p.row_bytes for p in planes) // unit
@@ -164,12 +179,7 @@ class TritonBackend(KernelBackend):
             rows if slots.dim() == 2 else 0,
             rows,
             buffer.reshape(-1).view(torch.uint8),
-            FIELD_COUNT=len(FIELDS),
-            **{name.upper(): FIELD[name] for name in _TABLE_FIELDS_READ},
-            UNIT=unit,
-            UNIT_DTYPE=getattr(tl, _UNIT_DTYPES[unit]),
-            STORE=direction is Direction.STORE,
-            BLOCK=block,
+            **launch_constants(unit, direction, block),
         )
 
 

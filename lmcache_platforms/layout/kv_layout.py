@@ -201,7 +201,8 @@ class KVLayout:
         """Slots (int64, ``rows_per_chunk`` long, -1 padded) of chunk ``[start, end)`` for one transfer group."""
         if tg.group >= len(block_ids_per_group):
             raise LayoutError(f"group {tg.group}: no block ids given ({len(block_ids_per_group)} lists)")
-        return chunk_slots(self.group(tg.group), block_ids_per_group[tg.group], start, end, self.chunk_size)
+        return chunk_slots(self.group(tg.group), block_ids_per_group[tg.group], start, end, self.chunk_size,
+                           self.whole_chunks_only)
 
     def group_chunks_slots(
         self, group: int, block_ids_per_group: Sequence[BlockIds], bounds: Sequence[tuple[int, int]]
@@ -209,7 +210,8 @@ class KVLayout:
         """Slots of group ``group``'s rows in each chunk of ``bounds``: ``[len(bounds), rows per chunk]``."""
         if group >= len(block_ids_per_group):
             raise LayoutError(f"group {group}: no block ids given ({len(block_ids_per_group)} lists)")
-        return chunks_slots(self.group(group), block_ids_per_group[group], bounds, self.chunk_size)
+        return chunks_slots(self.group(group), block_ids_per_group[group], bounds, self.chunk_size,
+                            self.whole_chunks_only)
 
     def summary(self) -> dict[str, Any]:
         """The plan as plain data (what ``lmcache-platforms plan --json`` prints)."""
@@ -274,10 +276,11 @@ def _transfer_groups(
     for plane in sorted(planes, key=lambda p: p.group):
         key = (plane.group,) if mode == "bundled" else (plane.group, plane.geometry)
         buckets.setdefault(key, []).append(plane)
+    whole = saves_whole_chunks({by_index[p.group] for p in planes})
     out: list[TransferGroup] = []
     for members in buckets.values():
         group = by_index[members[0].group]
-        rows = physical_rows_per_chunk(group, chunk_size)
+        rows = physical_rows_per_chunk(group, chunk_size, whole)
         layers = tuple(dict.fromkeys(p.layer for p in members))
         out.append(TransferGroup(len(out), group.index, tuple(members), layers, rows))
     return tuple(out)

@@ -73,30 +73,37 @@ def _check_chunk(group: KVGroup, start: int, end: int, chunk_size: int) -> None:
 def chunk_rows(group: KVGroup, start: int, end: int, chunk_size: int) -> tuple[int, int]:
     """(first_row, num_rows): the rows chunk ``[start, end)`` stores.
 
-    Those are the rows whose first token lies in the chunk; a sliding-window group keeps only rows whose
-    first token is ``>= end - sliding_window`` (the tail attention still needs at the chunk's end); a
-    snapshot group keeps the one snapshot taken at the chunk's end, and none when the chunk ends mid-block
-    (no snapshot exists there).
+    Those are the rows whose first token lies in the chunk; a sliding-window group keeps only those holding a
+    token at or after ``end - sliding_window`` (the tail attention still needs at the chunk's end: when a
+    partial chunk ends inside a compressed row, the row holding that token starts before it); a snapshot
+    group keeps the one snapshot taken at the chunk's end, and none when the chunk ends mid-block (no
+    snapshot exists there).
     """
     _check_chunk(group, start, end, chunk_size)
     cr = group.tokens_per_row
     if group.snapshots:
         return max(0, end // cr - 1), int(end % cr == 0 and end >= cr)
-    first, stop = _ceil_div(start, cr), _ceil_div(end, cr)
+    first, stop = start // cr, _ceil_div(end, cr)
     if group.sliding_window is not None:
-        first = max(first, _ceil_div(end - group.sliding_window, cr))
+        first = max(first, (end - group.sliding_window) // cr)
     return first, max(0, stop - first)
 
 
-def physical_rows_per_chunk(group: KVGroup, chunk_size: int) -> int:
+def physical_rows_per_chunk(group: KVGroup, chunk_size: int, whole_chunks: bool = False) -> int:
     """Rows one chunk reserves for this group: all its rows, only the window's for sliding groups, one
-    snapshot for snapshot groups."""
+    snapshot for snapshot groups.
+
+    A window of compressed rows spans one row more when a partial chunk ends inside a row, so unless chunks
+    are saved ``whole_chunks`` (every end a multiple of the compress ratio) that row is reserved too.
+    """
     if group.snapshots:
         return 1
-    full = _ceil_div(chunk_size, group.tokens_per_row)
+    cr = group.tokens_per_row
+    full = _ceil_div(chunk_size, cr)
     if group.sliding_window is None:
         return full
-    return min(full, max(1, group.sliding_window // group.tokens_per_row))
+    misaligned_end = int(cr > 1 and not whole_chunks)
+    return min(full, max(1, group.sliding_window // cr) + misaligned_end)
 
 
 # Up to this many slots a batch is computed in plain Python: block rows give a handful per chunk, and a dozen
@@ -105,11 +112,11 @@ PYTHON_SLOTS = 512
 
 
 def chunks_slots(group: KVGroup, block_ids: BlockIds, bounds: Sequence[tuple[int, int]],
-                 chunk_size: int) -> torch.Tensor:
+                 chunk_size: int, whole_chunks: bool = False) -> torch.Tensor:
     """Slots of the rows each chunk ``[start, end)`` of ``bounds`` stores, in row order, -1 padded to the
-    physical size: ``[len(bounds), physical rows]``. One pass for a whole batch: per chunk, the handful of
-    small tensor operations cost more than the kernel moving a window's rows."""
-    width = physical_rows_per_chunk(group, chunk_size)
+    physical size (``physical_rows_per_chunk``): ``[len(bounds), physical rows]``. One pass for a whole
+    batch: per chunk, the handful of small tensor operations cost more than the kernel moving a window's rows."""
+    width = physical_rows_per_chunk(group, chunk_size, whole_chunks)
     spans = [chunk_rows(group, start, end, chunk_size) for start, end in bounds]
     if any(count > width for _, count in spans):
         raise LayoutError(f"{group.describe()}: a chunk of {chunk_size} tokens holds more than its {width} rows")
@@ -144,6 +151,7 @@ def _few_slots(group: KVGroup, block_ids: BlockIds, spans: Sequence[tuple[int, i
     return torch.tensor(out, dtype=torch.int64).reshape(len(spans), width)
 
 
-def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk_size: int) -> torch.Tensor:
+def chunk_slots(group: KVGroup, block_ids: BlockIds, start: int, end: int, chunk_size: int,
+                whole_chunks: bool = False) -> torch.Tensor:
     """Slots of the rows chunk ``[start, end)`` stores, in row order, padded with -1 to the physical size."""
-    return chunks_slots(group, block_ids, [(start, end)], chunk_size)[0]
+    return chunks_slots(group, block_ids, [(start, end)], chunk_size, whole_chunks)[0]

@@ -72,8 +72,8 @@ def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> rou
 def model_rows(spec: LayoutSpec, num_tokens: int) -> dict[int, list[int]]:
     """Per saved group, the rows LMCache must hand back, by the README's rules alone: state groups are not
     saved unless they are snapshot groups; with several saved groups or a snapshot group only whole chunks
-    are; a row belongs to the chunk holding its first token; a sliding-window group keeps the rows whose
-    first token is within the window before the chunk's end; a snapshot group keeps the snapshot taken at
+    are; a row belongs to the chunk holding its first token; a sliding-window group keeps the rows holding a
+    token within the window before the chunk's end; a snapshot group keeps the snapshot taken at
     the chunk's end (row r = the state after (r + 1) x tokens_per_row tokens)."""
     saved = [g for g in spec.groups if g.snapshots or not (g.is_state or "State" in g.spec_name)]
     whole = len(saved) > 1 or any(g.snapshots for g in saved)
@@ -87,7 +87,7 @@ def model_rows(spec: LayoutSpec, num_tokens: int) -> dict[int, list[int]]:
                 rows += [end // cr - 1]
                 continue
             low = start if g.sliding_window is None else max(start, end - g.sliding_window)
-            rows += [t // cr for t in range(low, end) if t % cr == 0]
+            rows += sorted({t // cr for t in range(low, end)})
         out[g.index] = rows
     return out
 

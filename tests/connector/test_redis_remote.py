@@ -44,7 +44,8 @@ def test_chunks_of_another_layout_are_never_found(redis_url: str) -> None:
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(bundled, spec.num_tokens), remote_url=redis_url)
     with LayoutEngine(bundled, storage) as writer:
         writer.store(request.tokens, request.store_ids)
-        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) > 0
+        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
+            request.stored_tokens
     # Same model, same tokens, but exploded mode orders a chunk's bytes differently: it must miss.
     with LayoutEngine(materialize(spec, "exploded", seed=1), storage) as reader:
         assert reader.lookup(request.tokens) == 0

@@ -122,5 +122,5 @@ def referenced_repo_files(path: Path) -> list[str]:
     found = []
     for ins in parse(path):
         if ins.keyword == "RUN":
-            found += re.findall(r"(?<![\w/])((?:docker|scripts|csrc|patches)/[\w./-]+)", ins.args)
+            found += re.findall(r"(?<![\w/])((?:docker|scripts|csrc)/[\w./-]+)", ins.args)
     return found

@@ -1,6 +1,7 @@
 """Components the suite verifies must not silently go missing in CI: a missing redis-server fails
 ``scripts/test_services.sh`` and the Redis tests under ``CI=true``, and a wrong upstream pin fails the
-delivery tests while only a registry pip cannot connect to skips them (and fails under CI)."""
+delivery tests while only a registry pip cannot connect to skips them (and fails under CI). ``.ci/run`` is
+``make test`` with ``CI=true``, and ``make test`` gives pytest the same environment wherever it runs."""
 
 from __future__ import annotations
 
@@ -91,3 +92,57 @@ def test_a_registry_pip_cannot_connect_to_skips_outside_ci_only(tmp_path: Path, 
     expected = pytest.fail.Exception if ci_value else pytest.skip.Exception
     with pytest.raises(expected, match=r"package registry unreachable, cannot fetch vllm-ascend==0\.23\.0\.post1"):
         _download("vllm-ascend", "0.23.0.post1", tmp_path / "out")
+
+
+ENV_SEEN = ("CI", "PYTHONHASHSEED", "LMCACHE_TRACK_USAGE")
+
+
+def recording_stub(path: Path, log: Path) -> None:
+    """An executable that appends its name, arguments and the environment variables of ENV_SEEN to ``log``."""
+    seen = " ".join(f"{name}=${{{name}:-}}" for name in ENV_SEEN)
+    path.write_text(f'#!/bin/sh\necho "$(basename "$0") $* {seen}" >> {log}\n')
+    path.chmod(0o755)
+
+
+def caller_env(bin_dir: Path) -> dict[str, str]:
+    """A caller's environment without the variables under test, ``bin_dir`` first on PATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_SEEN}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+
+def test_ci_run_is_make_test_with_ci_set(tmp_path: Path) -> None:
+    """``.ci/run`` runs ``make test`` from the repository root with CI=true whether or not the caller set it;
+    the stub called directly (the negative control) sees none of it, so the values come from ``.ci/run``."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    recording_stub(bin_dir / "make", log)
+    env = caller_env(bin_dir)
+    subprocess.run([str(bin_dir / "make"), "direct"], env=env, check=True, timeout=30)
+    subprocess.run([str(REPO / ".ci" / "run")], cwd=tmp_path, env=env, check=True, timeout=30)
+    assert log.read_text().splitlines() == [
+        "make direct CI= PYTHONHASHSEED= LMCACHE_TRACK_USAGE=",
+        "make test CI=true PYTHONHASHSEED= LMCACHE_TRACK_USAGE=",
+    ]
+
+
+@pytest.mark.parametrize("ci_value", ["true", ""])
+def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path: Path, ci_value: str) -> None:
+    """The real Makefile over a stub venv (its set-up stamp fresh, so nothing is installed): ruff, the import
+    contracts, mypy and pytest run in that order, pytest with the fixed hash seed and no usage tracking, and
+    CI passes through untouched, whatever the caller's environment held."""
+    venv, log = tmp_path / "venv", tmp_path / "calls"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("python", "lint-imports", "redis-server"):
+        recording_stub(venv / "bin" / name, log)
+    (venv / ".setup-cpu").touch()
+    env = {**caller_env(venv / "bin"), "CI": ci_value}
+    done = subprocess.run(["make", "--no-print-directory", "test", f"VENV={venv}", "PLATFORM=cpu"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    plain = f"CI={ci_value} PYTHONHASHSEED= LMCACHE_TRACK_USAGE="
+    assert log.read_text().splitlines() == [
+        f"python -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts {plain}",
+        f"lint-imports --no-cache {plain}",
+        f"python -m mypy {plain}",
+        f"python -m pytest -q CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
+    ]

@@ -57,22 +57,25 @@ def test_a_second_load_of_the_same_request_in_flight_is_refused() -> None:
 
 def test_a_load_past_its_deadline_is_failed_and_its_late_write_refused() -> None:
     loads = AsyncLoads(timeout_s=0.05)
-    answer = threading.Event()
+    answer, tried = threading.Event(), threading.Event()
     writes: list[str] = []
+    failures: list[str | None] = []
 
     def stuck(req_id: str, guard: LoadGuard) -> bool:
         answer.wait(5)  # a backend that answers long after the deadline
         guard.run(lambda: writes.append(req_id))
+        failures.append(guard.failure)
+        tried.set()
         return guard.failure is None
 
     loads.submit("slow", stuck)
     loads.submit("queued", lambda req_id, guard: True)  # behind the stuck one on the single loader thread
-    time.sleep(0.1)
-    results = loads.poll()
+    results = drain(loads)
     assert (results.finished, results.failed) == ({"slow", "queued"}, {"slow", "queued"})
     answer.set()
-    time.sleep(0.1)
-    assert writes == []  # refused: vLLM may already recompute into those blocks
+    assert tried.wait(5), "the late answer never came"
+    # refused: vLLM may already recompute into those blocks
+    assert (writes, failures) == ([], ["no answer within load_timeout_s=0.05"])
     loads.shutdown()
 
 

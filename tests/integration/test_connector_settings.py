@@ -84,8 +84,10 @@ def store_prefix(stack: Stack) -> int:
 def test_kv_connector_extra_config_selects_the_kernel_backend_of_the_bound_layout(tuned) -> None:
     binding = tuned.worker.impl.lmcache_engine.gpu_connector.binding
     assert binding.backend_names == ["torch"]
+    stored_before = binding.counters.chunks_stored
     assert store_prefix(tuned) == 192
-    assert binding.counters.chunks_stored >= 3 and binding.counters.backends == {"torch"}
+    # the stack's first store of PROMPT's prefix: its three chunks of 64 tokens, all through the torch kernel
+    assert (binding.counters.chunks_stored - stored_before, binding.counters.backends) == (3, {"torch"})
 
 
 def test_kv_connector_extra_config_selects_the_mode_of_the_bound_layout(tuned) -> None:

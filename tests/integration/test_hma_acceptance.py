@@ -34,8 +34,20 @@ def test_explicit_hybrid_manager_refuses_upstreams_connector_and_accepts_ours(mo
 
 
 def test_registration_is_idempotent_and_module_path_works_too():
-    assert registration.register_connectors() == registration.register_connectors()
-    assert KVConnectorFactory.get_connector_class_by_name("LMCachePlatformsConnector") is LMCachePlatformsConnector
+    """A second registration leaves vLLM's factory as the first left it: the same entries, the very same loader
+    objects (nothing registered again), each loading our class. Negative control: an entry really registered
+    again is a new loader, which that comparison sees."""
+    registry = KVConnectorFactory._registry
+    names = registration.register_connectors()
+    first = dict(registry)
+    assert registration.register_connectors() == names
+    assert registry == first  # loaders are functions: equal only if the very same object
+    assert {n: KVConnectorFactory.get_connector_class_by_name(n) for n in names} == \
+        dict.fromkeys(names, LMCachePlatformsConnector)
+    assert names[0] == "LMCachePlatformsConnector"
+    registry.pop("LMCachePlatformsConnector")
+    registration.register_connectors()
+    assert registry["LMCachePlatformsConnector"] is not first["LMCachePlatformsConnector"]
     from vllm.config import KVTransferConfig
 
     for name in ("LMCachePlatformsConnector", "LMCacheAscendConnector"):

@@ -19,7 +19,7 @@ from tests.kernels.strategies import allocations, clone_planes, random_buffer, s
 def assert_store_matches_torch(backend: KernelBackend, planes, slots, seed: int) -> None:
     """Store with ``backend`` and with ``torch`` into equal random buffers; the buffers must match exactly."""
     rows = slots.shape[-1]
-    before = random_buffer(planes, rows, seed)
+    before = random_buffer(planes, rows, seed).to(slots.device)
     got, want = before.clone(), before.clone()
     snapshot = [a.clone() for a in allocations(planes)]
     backend.transfer(planes, slots, got, Direction.STORE)
@@ -31,7 +31,7 @@ def assert_store_matches_torch(backend: KernelBackend, planes, slots, seed: int)
 
 def assert_load_matches_torch(backend: KernelBackend, planes, slots, seed: int) -> None:
     """Load one random buffer with ``backend`` and with ``torch`` into equal planes; every byte must match."""
-    buffer = random_buffer(planes, slots.shape[-1], seed)
+    buffer = random_buffer(planes, slots.shape[-1], seed).to(slots.device)
     kept = buffer.clone()
     reference = clone_planes(planes)
     backend.transfer(planes, slots, buffer, Direction.LOAD)

@@ -132,6 +132,18 @@ def clone_planes(planes: Sequence[Plane]) -> list[Plane]:
     return out
 
 
+def on_device(planes: Sequence[Plane], slots: torch.Tensor, device: torch.device) -> tuple[list[Plane], torch.Tensor]:
+    """The planes over copies of their allocations on ``device`` (shared ones still shared), and the slots."""
+    copies: dict[int, torch.Tensor] = {}
+    out = []
+    for plane in planes:
+        key = plane.storage.untyped_storage().data_ptr()
+        if key not in copies:
+            copies[key] = plane.storage.to(device)
+        out.append(dataclasses.replace(plane, storage=copies[key]))
+    return out, slots.to(device)
+
+
 def allocations(planes: Sequence[Plane]) -> list[torch.Tensor]:
     """Each distinct allocation behind the planes once, in first-use order."""
     seen: dict[int, torch.Tensor] = {}

@@ -35,8 +35,10 @@ def spec_row_bytes(spec: LayoutSpec, group: int) -> int:
 @given(layout_specs())
 def test_plan_bytes_are_rows_times_row_bytes(spec):
     layout = plan(spec)
-    saved = [g for g in spec.groups if is_saved(g)]
-    expected = {g.index: physical_rows_per_chunk(g, spec.chunk_size) * spec_row_bytes(spec, g.index) for g in saved}
+    carried = [g for g in spec.groups if is_saved(g) and spec_row_bytes(spec, g.index)]
+    whole = len(carried) > 1 or any(g.snapshots for g in carried)
+    expected = {g.index: physical_rows_per_chunk(g, spec.chunk_size, whole) * spec_row_bytes(spec, g.index)
+                for g in carried}
     assert {tg.group: tg.bytes_per_chunk for tg in layout.transfer_groups} == {k: v for k, v in expected.items() if v}
     for tg in layout.transfer_groups:
         assert tg.bytes_per_chunk == tg.rows_per_chunk * sum(p.row_bytes for p in tg.planes)

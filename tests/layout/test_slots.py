@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.layout import LayoutError
 from lmcache_platforms.layout import slots as slot_math
 from lmcache_platforms.layout.groups import KVGroup
+from lmcache_platforms.layout.parts import group_reach, needed_chunks
 from lmcache_platforms.layout.slots import (
     chunk_rows,
     chunk_slots,
@@ -36,10 +39,9 @@ def brute_rows(group: KVGroup, num_tokens: int) -> list[int]:
 
 
 def brute_chunk_rows(group: KVGroup, start: int, end: int) -> list[int]:
-    rows = sorted({t // group.tokens_per_row for t in range(start, end) if t % group.tokens_per_row == 0})
-    if group.sliding_window is not None:
-        rows = [r for r in rows if r * group.tokens_per_row >= end - group.sliding_window]
-    return rows
+    """Rows holding a token of the chunk (of its window tail for a sliding group); ``start`` is a row start."""
+    low = start if group.sliding_window is None else max(start, end - group.sliding_window)
+    return sorted({t // group.tokens_per_row for t in range(low, end)})
 
 
 @st.composite
@@ -77,19 +79,58 @@ def test_chunk_slots_match_per_token_model(case):
         assert slots.tolist() == [brute_slot_of_row(group, ids, r) for r in rows] + [-1] * (physical - count)
 
 
+ChunkRows = Callable[[KVGroup, int, int, int], tuple[int, int]]
+
+
+def window_gaps(rows_of: ChunkRows, group: KVGroup, chunk: int, hit: int) -> set[int]:
+    """Rows attention reads when it resumes after ``hit`` stored tokens (those holding tokens ``[hit - window,
+    hit)``, every row without a window) that the chunks the hit needs (``needed_chunks``, the last one partial
+    when ``hit`` is not a chunk multiple) do not carry by ``rows_of``'s rule."""
+    carried: set[int] = set()
+    for i in needed_chunks(group_reach(group), hit, chunk):
+        first, count = rows_of(group, i * chunk, min((i + 1) * chunk, hit), chunk)
+        carried.update(range(first, first + count))
+    low = 0 if group.sliding_window is None else max(0, hit - group.sliding_window)
+    return {t // group.tokens_per_row for t in range(low, hit)} - carried
+
+
+@st.composite
+def group_and_hit(draw) -> tuple[KVGroup, int, int]:
+    """One group (chunks of a lone group may end anywhere: a partial last chunk) and a hit of any length."""
+    groups, chunk = draw(kv_groups(max_groups=1))
+    return groups[0], chunk, draw(st.integers(1, 4 * chunk))
+
+
+def ceil_window_chunk_rows(group: KVGroup, start: int, end: int, chunk: int) -> tuple[int, int]:
+    """The old rule, the negative control: a window kept only rows whose first token is >= end - window."""
+    first, stop = start // group.tokens_per_row, -(-end // group.tokens_per_row)
+    if group.sliding_window is not None:
+        first = max(first, -(-(end - group.sliding_window) // group.tokens_per_row))
+    return first, stop - first
+
+
 @SETTINGS
-@given(group_and_table())
-def test_stored_chunks_cover_the_window_at_every_chunk_end(case):
-    """Restoring chunks [0, e) brings back every row attention needs at position e (the window tail)."""
-    group, chunk, num_tokens, _ = case
-    stored: set[int] = set()
-    for start in range(0, num_tokens - num_tokens % chunk, chunk):
-        first, count = chunk_rows(group, start, start + chunk, chunk)
-        stored |= set(range(first, first + count))
-        end = start + chunk
-        window = end if group.sliding_window is None else min(end, group.sliding_window)
-        needed = {t // group.tokens_per_row for t in range(end - window, end)}
-        assert needed <= stored
+@given(group_and_hit())
+def test_the_chunks_a_hit_needs_carry_its_whole_window_at_any_chunk_end(case):
+    """Every compress ratio, window and hit end, partial last chunk included: nothing attention reads after
+    the hit is missing, and each chunk's rows fit the rows it reserves."""
+    group, chunk, hit = case
+    assert window_gaps(chunk_rows, group, chunk, hit) == set()
+    _, count = chunk_rows(group, (hit - 1) // chunk * chunk, hit, chunk)
+    assert count <= physical_rows_per_chunk(group, chunk)
+    if hit % chunk == 0:
+        assert count <= physical_rows_per_chunk(group, chunk, whole_chunks=True)
+
+
+def test_the_window_property_catches_the_old_rule():
+    """Negative control: the same check over the same cases finds the row the old rule dropped, and the case
+    it finds is a compressed window ending inside a row."""
+    group, chunk, hit = find(group_and_hit(), lambda case: bool(window_gaps(ceil_window_chunk_rows, *case)),
+                             settings=settings(database=None, max_examples=2000))
+    assert group.tokens_per_row > 1 and group.sliding_window is not None
+    assert (hit - group.sliding_window) % group.tokens_per_row != 0
+    assert window_gaps(ceil_window_chunk_rows, group, chunk, hit) == {(hit - group.sliding_window)
+                                                                     // group.tokens_per_row}
 
 
 @pytest.mark.parametrize(
@@ -97,8 +138,12 @@ def test_stored_chunks_cover_the_window_at_every_chunk_end(case):
     [(64, 1, None, 64), (64, 4, None, 16), (64, 1, 32, 32), (64, 4, 32, 8), (64, 4, 512, 16), (256, 128, 128, 1)],
 )
 def test_physical_rows_per_chunk(chunk, cr, window, rows):
+    """Whole chunks end on row boundaries; a partial chunk may end inside a compressed row, whose window then
+    spans one row more (never more than the chunk's rows)."""
     group = KVGroup(0, block_size=16, tokens_per_row=cr, sliding_window=window)
-    assert physical_rows_per_chunk(group, chunk) == rows
+    assert physical_rows_per_chunk(group, chunk, whole_chunks=True) == rows
+    misaligned = cr > 1 and window is not None and window < chunk
+    assert physical_rows_per_chunk(group, chunk) == rows + misaligned
 
 
 @SETTINGS

@@ -1,0 +1,94 @@
+"""``make device-check``: on a GPU machine, the kernel contract suite and the Triton backend's speed, as JSON.
+
+Runs ``pytest tests/layout tests/kernels`` (which there includes the Triton kernel on the GPU against the torch
+oracle, ``tests/kernels/test_triton_gpu.py``) and ``lmcache-platforms bench --backend triton --json`` on the
+shipped layouts (store and load speed as multiples of a same-size copy on the same device), and prints one JSON
+object on stdout (pytest's own report goes to stderr). Exit 0 only when a GPU is present, no test failed, the
+GPU tests ran rather than skipped, and every bench ran; CI has no GPU, so this is what a user with one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ("tests/layout", "tests/kernels")
+GPU_TESTS = "tests/kernels/test_triton_gpu.py"
+LAYOUTS = ("llama8b", "deepseek-v4", "gemma3")
+
+
+class Outcomes:
+    """pytest plugin collecting each test's outcome (a failure in set-up or tear-down counts as failed)."""
+
+    def __init__(self) -> None:
+        self.passed: list[str] = []
+        self.failed: list[str] = []
+        self.skipped: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failed.append(report.nodeid)
+        elif report.skipped:
+            reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.skipped[report.nodeid] = str(reason).removeprefix("Skipped: ")
+        elif report.when == "call":
+            self.passed.append(report.nodeid)
+
+
+def gpu_device() -> str | None:
+    if torch.cuda.is_available():
+        return "cuda"
+    xpu = getattr(torch, "xpu", None)
+    return "xpu" if xpu is not None and xpu.is_available() else None
+
+
+def run_suite() -> dict[str, Any]:
+    outcomes = Outcomes()
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON report alone
+        code = pytest.main(["-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}", *(str(ROOT / p) for p in SUITE)],
+                           plugins=[outcomes])
+    gpu_ran = [n for n in outcomes.passed if n.startswith(GPU_TESTS)]
+    return {"exit_code": int(code), "passed": len(outcomes.passed), "gpu_tests_passed": len(gpu_ran),
+            "failed": outcomes.failed, "skipped": outcomes.skipped}
+
+
+def run_bench(layout: str, device: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "lmcache_platforms.cli.main", "bench", "--layout", layout,
+               "--backend", "triton", "--device", device, "--json"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        return {"exit_code": done.returncode, "error": done.stderr.strip()[-2000:]}
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma list of layouts to bench")
+    args = parser.parse_args()
+    device = gpu_device()
+    if device is None:
+        print(json.dumps({"error": "no CUDA or XPU device: device-check runs on a GPU machine"}))
+        return 2
+    suite = run_suite()
+    bench = {layout: run_bench(layout, device) for layout in args.layouts.split(",")}
+    ok = (suite["exit_code"] == 0 and not suite["failed"] and suite["gpu_tests_passed"] > 0
+          and not any(n.startswith(GPU_TESTS) for n in suite["skipped"])
+          and all("error" not in result for result in bench.values()))
+    report = {"ok": ok, "device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
+              "torch": torch.__version__, "suite": suite, "bench": bench}
+    print(json.dumps(report))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
