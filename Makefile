@@ -20,7 +20,7 @@ test: setup
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
-	$(TEST_ENV) $(PY) -m pytest -q
+	$(TEST_ENV) $(PY) -m pytest -q --durations=15
 
 # On a GPU machine (make device-check PLATFORM=cuda): the kernel contract suite, the Triton kernel run on the GPU
 # and its bench against a same-size copy, as one JSON object on stdout.

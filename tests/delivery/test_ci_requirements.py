@@ -144,5 +144,5 @@ def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path:
         f"python -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts {plain}",
         f"lint-imports --no-cache {plain}",
         f"python -m mypy {plain}",
-        f"python -m pytest -q CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
+        f"python -m pytest -q --durations=15 CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
     ]
