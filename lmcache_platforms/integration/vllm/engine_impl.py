@@ -180,7 +180,6 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             super().__init__(vllm_config, role, parent)
         self.role_name = role.name.lower()
         self._shut_down = False
-        shut_down_at_exit(self)
         health.record(self.role_name, "init", self._manager)
         if self.config.use_layerwise:
             raise ValueError("LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms "
@@ -191,6 +190,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
             logger.warning("LMCache will neither save nor report hits for this model: %s", self.why_no_hits())
         if role == KVConnectorRole.SCHEDULER:
             warn_about_failure_policy(vllm_config, self.hits_allowed)
+        # Only a built impl: a refused one's LMCache services are left as upstream leaves them (shutting one down
+        # at exit hung the process that had refused it).
+        shut_down_at_exit(self)
 
     @property
     def hits_allowed(self) -> bool:
