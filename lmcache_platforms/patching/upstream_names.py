@@ -38,6 +38,9 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
                  _ENGINE_IMPL),
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_kv_cache_config",
                  _ENGINE_IMPL, instance=True),
+    # vLLM's connector metrics base class: our Prometheus families are built with the metric classes it was given.
+    *(UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.metrics:KVConnectorPromMetrics", name,
+                   "integration/vllm/stats.py", instance=True) for name in ("_counter_cls", "_histogram_cls")),
     # LMCache's vLLM adapter: MultiGroupConnectorImpl subclasses it and uses its private state.
     UpstreamName(_V1_IMPL, "_init_connector_state", _ENGINE_IMPL),
     *(UpstreamName(_V1_IMPL, name, _ENGINE_IMPL, instance=True) for name in (
