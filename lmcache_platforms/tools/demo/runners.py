@@ -66,6 +66,9 @@ def base_env(resources: Resources) -> dict[str, str]:
     # caller would hide them; a more verbose one is kept.
     if env.get("LMCACHE_LOG_LEVEL", "INFO").upper() not in {"DEBUG", "INFO"}:
         env["LMCACHE_LOG_LEVEL"] = "INFO"
+    # LMCache sets this to one fixed folder in any process that builds an engine (a test runner, a bench); a
+    # server inheriting it would add every earlier server's metric files to its own /metrics.
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     return env
 
 
