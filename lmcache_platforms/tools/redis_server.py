@@ -28,14 +28,16 @@ def answers_ping(port: int) -> bool:
 
 
 class RedisServer:
-    """``with RedisServer(directory) as server: server.url``; ``stop``/``start`` keep the port."""
+    """``with RedisServer(directory) as server: server.url``; ``stop``/``start`` keep the port. ``debug``
+    allows ``DEBUG`` commands from loopback (tests make the server sleep with ``DEBUG SLEEP``)."""
 
-    def __init__(self, directory: str, binary: str | None = None, start_timeout_s: float = 10.0) -> None:
+    def __init__(self, directory: str, binary: str | None = None, start_timeout_s: float = 10.0,
+                 debug: bool = False) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError("redis-server is not on PATH (Debian package redis-server)")
         self.binary, self.directory, self.port = found, directory, free_port()
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s, self.debug = start_timeout_s, debug
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -45,7 +47,8 @@ class RedisServer:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", self.directory], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+             "--dir", self.directory, *(["--enable-debug-command", "local"] if self.debug else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout_s
         while not answers_ping(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:

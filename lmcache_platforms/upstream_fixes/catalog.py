@@ -64,8 +64,9 @@ PATCHES: tuple[Patch, ...] = (
         versions=LMCACHE,
         wrapper=True,
         why="upstream waits for the remote store's answer without a limit; the scheduler's lookup client gives up "
-            "after 3 s, so a stuck store stalled the whole engine 3 s per new request (platforms.remote_lookup_"
-            "timeout_s, platforms.remote_retry_s)",
+            "after 3 s, so a stuck store stalled the whole engine 3 s per new request; a slow one is skipped for a "
+            "time in proportion to its lateness, and its first ask (connecting) has its own allowance "
+            "(platforms.remote_lookup_timeout_s, platforms.remote_connect_timeout_s, platforms.remote_retry_s)",
     ),
     Patch(
         target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.batched_contains",
