@@ -99,6 +99,14 @@ PATCHES: tuple[Patch, ...] = (
             "allocated the chunk's buffer, which stayed taken until the garbage collector found it",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.connector.redis_connector:RedisClusterConnector._get",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:redis_cluster_get",
+        versions=LMCACHE,
+        requires=("redis",),
+        why="the Redis Cluster connector (redis-cluster://) copies a value the same way: one of the wrong length "
+            "kept the chunk's buffer taken",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,
