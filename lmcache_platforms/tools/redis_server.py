@@ -96,16 +96,17 @@ class RedisCluster:
 
     Each node gets a free port and a free cluster-bus port (``cluster-port``; the default, port + 10000, may be
     taken or past 65535); ``redis-cli --cluster create`` assigns the slots, and ``start`` returns once every node's
-    ``cluster info`` says ``cluster_state:ok``."""
+    ``cluster info`` says ``cluster_state:ok``. ``debug`` allows ``DEBUG`` commands from loopback, as for
+    ``RedisServer``."""
 
-    def __init__(self, directory: str, masters: int = 3, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, directory: str, masters: int = 3, start_timeout_s: float = 30.0, debug: bool = False) -> None:
         server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
         if server is None or cli is None:
             raise FileNotFoundError("redis-server or redis-cli is not on PATH (Debian package redis-server)")
         self.server, self.cli, self.directory = server, cli, Path(directory)
         ports = free_ports(2 * masters)
         self.ports, self.bus_ports = ports[:masters], ports[masters:]
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s, self.debug = start_timeout_s, debug
         self.processes: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -127,7 +128,9 @@ class RedisCluster:
             self.processes.append(subprocess.Popen(
                 [self.server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
                  "--cluster-port", str(bus_port), "--cluster-config-file", "nodes.conf", "--save", "",
-                 "--appendonly", "no", "--dir", str(node_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+                 "--appendonly", "no", "--dir", str(node_dir),
+                 *(["--enable-debug-command", "local"] if self.debug else [])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         for port, process in zip(self.ports, self.processes, strict=True):
             while not answers_ping(port):
                 if process.poll() is not None or time.monotonic() > deadline:

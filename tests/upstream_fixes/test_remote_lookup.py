@@ -21,7 +21,7 @@ from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
-from lmcache_platforms.tools.redis_server import RedisServer
+from lmcache_platforms.tools.redis_server import RedisCluster, RedisServer
 from tests.ci import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -38,6 +38,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     ensure_patched()
     with RedisServer(str(tmp_path), debug=True) as server:
         yield server
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
+    from lmcache_platforms import ensure_patched
+
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        missing("redis-server or redis-cli is not on PATH (Debian package redis-server; scripts/test_services.sh "
+                "installs it)")
+    ensure_patched()
+    with RedisCluster(str(tmp_path), debug=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -62,7 +74,7 @@ class Stored:
     request: roundtrip.Request
 
 
-def _store(server: RedisServer) -> Stored:
+def _store(server: RedisServer | RedisCluster) -> Stored:
     spec = load_layout_spec("gemma3")
     layout = materialize(spec, "bundled", seed=7)
     request = roundtrip.make_request(layout, spec.num_tokens, seed=7)
@@ -77,10 +89,10 @@ def _store(server: RedisServer) -> Stored:
 class Sleep:
     """``DEBUG SLEEP seconds`` sent to the server from another thread: it answers nothing until ``ended``."""
 
-    def __init__(self, server: RedisServer, seconds: float) -> None:
+    def __init__(self, port: int, seconds: float) -> None:
         import redis
 
-        self.client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=seconds + 10)
+        self.client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=seconds + 10)
         self.client.ping()
         self.seconds, self.ended = seconds, 0.0
         self.error: Exception | None = None
@@ -117,7 +129,7 @@ def test_the_first_lookup_on_a_connection_gets_the_connect_allowance(
     monkeypatch.setenv("LMCACHE_PLATFORMS_REMOTE_CONNECT_TIMEOUT_S", str(connect_s))
     stored = _store(redis_server)
     with LayoutEngine(stored.layout, stored.storage) as reader:  # a fresh connection: nothing answered on it yet
-        sleep = Sleep(redis_server, 1.0)
+        sleep = Sleep(redis_server.port, 1.0)
         hit, _, took = _timed_lookup(reader, stored.request.tokens)
         sleep.join()
         if hits:
@@ -128,6 +140,23 @@ def test_the_first_lookup_on_a_connection_gets_the_connect_allowance(
         else:
             assert hit == 0
             assert BUDGET_S * 0.9 < took < BUDGET_S + 0.5, took
+
+
+@pytest.mark.parametrize(("connect_s", "hits"), [(4.0, True), (BUDGET_S, False)],
+                         ids=["connect-allowance", "negative-control-no-allowance"])
+def test_a_cluster_client_discovering_its_slots_on_a_slow_node_still_hits(
+        redis_cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch, connect_s: float, hits: bool) -> None:
+    """Issue 25's case: a fresh server's first lookup through ``redis-cluster://`` first asks a start-up node for
+    the slot map; that node is slow (asleep for 1 s), and without the allowance the chunks counted as misses."""
+    monkeypatch.setenv("LMCACHE_PLATFORMS_REMOTE_LOOKUP_TIMEOUT_S", str(BUDGET_S))
+    monkeypatch.setenv("LMCACHE_PLATFORMS_REMOTE_CONNECT_TIMEOUT_S", str(connect_s))
+    stored = _store(redis_cluster)
+    with LayoutEngine(stored.layout, stored.storage) as reader:
+        sleep = Sleep(redis_cluster.ports[0], 1.0)
+        hit, _, took = _timed_lookup(reader, stored.request.tokens)
+        sleep.join()
+    assert hit == (stored.request.stored_tokens if hits else 0)
+    assert (0.7 < took < connect_s) if hits else (BUDGET_S * 0.9 < took < BUDGET_S + 0.5), took
 
 
 @pytest.mark.parametrize(("retry_s", "capped"), [(30.0, False), (1.0, True)], ids=["proportional", "capped"])
@@ -142,7 +171,7 @@ def test_one_time_out_skips_the_store_for_a_time_in_proportion_then_asks_it_agai
     tokens, expected = stored.request.tokens, stored.request.stored_tokens
     with LayoutEngine(stored.layout, stored.storage) as reader:
         assert _timed_lookup(reader, tokens)[0] == expected  # connected
-        sleep = Sleep(redis_server, 1.2)
+        sleep = Sleep(redis_server.port, 1.2)
         hit, asked, took = _timed_lookup(reader, tokens)
         assert hit == 0 and BUDGET_S * 0.9 < took < BUDGET_S + 0.5, took
         timed_out = asked + took
