@@ -49,8 +49,12 @@ SETTINGS: tuple[Setting, ...] = (
             "a load still running after this many seconds is reported failed (0: never)"),
     Setting("platforms.remote_lookup_timeout_s", "LMCACHE_PLATFORMS_REMOTE_LOOKUP_TIMEOUT_S", 1.0,
             "a remote store's answer to a lookup is waited for this long, then counts as a miss (0: for ever)"),
+    Setting("platforms.remote_connect_timeout_s", "LMCACHE_PLATFORMS_REMOTE_CONNECT_TIMEOUT_S", 2.5,
+            "until the remote store has answered one lookup on its connection (the client connects, a cluster "
+            "client discovers its slots), a lookup is waited for this long instead (never less than the above)"),
     Setting("platforms.remote_retry_s", "LMCACHE_PLATFORMS_REMOTE_RETRY_S", 30.0,
-            "after a remote lookup timed out, lookups skip the remote store (misses) for this long"),
+            "after a remote lookup timed out, lookups skip the remote store (misses) until it answers, then for "
+            "twice its lateness (doubling with each time-out in a row), never longer than this"),
     Setting("platforms.drain_timeout_s", "LMCACHE_PLATFORMS_DRAIN_TIMEOUT_S", 30.0,
             "at shutdown, chunk writes still in flight to disk or remote stores are waited for this long"),
     Setting("platforms.remote_close_timeout_s", "LMCACHE_PLATFORMS_REMOTE_CLOSE_TIMEOUT_S", 5.0,
@@ -97,6 +101,7 @@ class PlatformSettings:
     load_mode: str = "sync"
     load_timeout_s: float = 10.0
     remote_lookup_timeout_s: float = 1.0
+    remote_connect_timeout_s: float = 2.5
     remote_retry_s: float = 30.0
     drain_timeout_s: float = 30.0
     remote_close_timeout_s: float = 5.0

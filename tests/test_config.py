@@ -38,6 +38,7 @@ def test_environment_overrides_extra_config_and_kv_connector_extra_config_overri
               "platforms.load_mode": ("sync", "async", "sync"),
               "platforms.load_timeout_s": ("1.5", "0.0", "7.0"),
               "platforms.remote_lookup_timeout_s": ("0.25", "0.0", "2.0"),
+              "platforms.remote_connect_timeout_s": ("4.0", "0.0", "0.5"),
               "platforms.remote_retry_s": ("5.0", "0.0", "60.0"),
               "platforms.drain_timeout_s": ("1.0", "0.0", "90.0"),
               "platforms.remote_close_timeout_s": ("2.0", "0.0", "9.0"),

@@ -1,5 +1,6 @@
 """A private ``redis-server`` on 127.0.0.1 without persistence, for the Redis tier of benches and tests: started,
-stopped and started again on the same port (a store that goes away and comes back)."""
+stopped and started again on the same port (a store that goes away and comes back); and a local Redis Cluster
+of such servers, the store several vLLM servers share."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 from types import TracebackType
 
 
@@ -28,14 +30,16 @@ def answers_ping(port: int) -> bool:
 
 
 class RedisServer:
-    """``with RedisServer(directory) as server: server.url``; ``stop``/``start`` keep the port."""
+    """``with RedisServer(directory) as server: server.url``; ``stop``/``start`` keep the port. ``debug``
+    allows ``DEBUG`` commands from loopback (tests make the server sleep with ``DEBUG SLEEP``)."""
 
-    def __init__(self, directory: str, binary: str | None = None, start_timeout_s: float = 10.0) -> None:
+    def __init__(self, directory: str, binary: str | None = None, start_timeout_s: float = 10.0,
+                 debug: bool = False) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError("redis-server is not on PATH (Debian package redis-server)")
         self.binary, self.directory, self.port = found, directory, free_port()
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s, self.debug = start_timeout_s, debug
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -45,7 +49,8 @@ class RedisServer:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", self.directory], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+             "--dir", self.directory, *(["--enable-debug-command", "local"] if self.debug else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout_s
         while not answers_ping(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -65,6 +70,104 @@ class RedisServer:
         self.process = None
 
     def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports nothing listens on now (held open together while the OS picks them)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+class RedisCluster:
+    """A local Redis Cluster of ``masters`` masters and no replicas, from Debian's ``redis-server`` and
+    ``redis-cli``: ``with RedisCluster(directory) as cluster: cluster.url`` (LMCache's ``redis-cluster://``).
+
+    Each node gets a free port and a free cluster-bus port (``cluster-port``; the default, port + 10000, may be
+    taken or past 65535); ``redis-cli --cluster create`` assigns the slots, and ``start`` returns once every node's
+    ``cluster info`` says ``cluster_state:ok``. ``debug`` allows ``DEBUG`` commands from loopback, as for
+    ``RedisServer``."""
+
+    def __init__(self, directory: str, masters: int = 3, start_timeout_s: float = 30.0, debug: bool = False) -> None:
+        server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if server is None or cli is None:
+            raise FileNotFoundError("redis-server or redis-cli is not on PATH (Debian package redis-server)")
+        self.server, self.cli, self.directory = server, cli, Path(directory)
+        ports = free_ports(2 * masters)
+        self.ports, self.bus_ports = ports[:masters], ports[masters:]
+        self.start_timeout_s, self.debug = start_timeout_s, debug
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
+            node_dir = self.directory / f"node-{port}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            self.processes.append(subprocess.Popen(
+                [self.server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
+                 "--cluster-port", str(bus_port), "--cluster-config-file", "nodes.conf", "--save", "",
+                 "--appendonly", "no", "--dir", str(node_dir),
+                 *(["--enable-debug-command", "local"] if self.debug else [])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        for port, process in zip(self.ports, self.processes, strict=True):
+            while not answers_ping(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"cluster node on port {port} did not start (exit code {process.poll()})")
+                time.sleep(0.05)
+        create = subprocess.run(
+            [self.cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports), "--cluster-replicas",
+             "0", "--cluster-yes"], capture_output=True, text=True, timeout=max(deadline - time.monotonic(), 1.0))
+        if create.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {create.stdout[-2000:]}{create.stderr[-2000:]}")
+        while not all(self.state(port) == "ok" for port in self.ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster on ports {self.ports} did not reach cluster_state:ok")
+            time.sleep(0.1)
+
+    def state(self, port: int) -> str:
+        """``cluster_state`` of the node on ``port`` (``ok``, ``fail``), empty if it does not answer."""
+        info = subprocess.run([self.cli, "-h", "127.0.0.1", "-p", str(port), "cluster", "info"],
+                              capture_output=True, text=True, timeout=5)
+        for line in info.stdout.splitlines():
+            if line.startswith("cluster_state:"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes = []
+
+    def __enter__(self) -> RedisCluster:
         self.start()
         return self
 

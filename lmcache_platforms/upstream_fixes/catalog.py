@@ -68,8 +68,9 @@ PATCHES: tuple[Patch, ...] = (
         versions=LMCACHE,
         wrapper=True,
         why="upstream waits for the remote store's answer without a limit; the scheduler's lookup client gives up "
-            "after 3 s, so a stuck store stalled the whole engine 3 s per new request (platforms.remote_lookup_"
-            "timeout_s, platforms.remote_retry_s)",
+            "after 3 s, so a stuck store stalled the whole engine 3 s per new request; a slow one is skipped for a "
+            "time in proportion to its lateness, and its first ask (connecting) has its own allowance "
+            "(platforms.remote_lookup_timeout_s, platforms.remote_connect_timeout_s, platforms.remote_retry_s)",
     ),
     Patch(
         target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.batched_contains",
@@ -100,6 +101,14 @@ PATCHES: tuple[Patch, ...] = (
         requires=("redis",),
         why="a Redis value of the wrong length (truncated, overwritten) made upstream's copy raise after it had "
             "allocated the chunk's buffer, which stayed taken until the garbage collector found it",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.redis_connector:RedisClusterConnector._get",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:redis_cluster_get",
+        versions=LMCACHE,
+        requires=("redis",),
+        why="the Redis Cluster connector (redis-cluster://) copies a value the same way: one of the wrong length "
+            "kept the chunk's buffer taken",
     ),
     Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",

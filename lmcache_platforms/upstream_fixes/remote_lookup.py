@@ -4,9 +4,18 @@ Whether the remote store holds a chunk is asked on the worker's lookup server, f
 client gives up after LMCache's ``lookup_timeout_ms`` (3 s) and counts a miss. With a remote store that accepts
 connections and never answers (a stuck Redis), every new request therefore stopped the whole engine for those
 3 s, and the lookup server fell further behind with each one. Here an ask waits at most
-``platforms.remote_lookup_timeout_s`` and counts as a miss past it; lookups then skip the remote store (misses)
-for ``platforms.remote_retry_s`` before asking it again, so a dead store costs one time-out per retry period,
-not one per request.
+``platforms.remote_lookup_timeout_s`` and counts as a miss past it.
+
+A slow store is slow, not gone. Every LMCache client connects on its first command (redis-py opens its socket,
+a Redis Cluster client first discovers which node holds which slots), and upstream makes a new connector when
+the health monitor re-initializes a lost one (``RemoteBackend.connection`` becomes another object). So the
+first ask on each connector gets ``platforms.remote_connect_timeout_s`` instead (once: a store that did not
+answer it gets the usual budget next time). After a time-out, lookups skip the store (misses, no wait) until
+the late answer arrives, then for twice its lateness (four times after a second time-out in a row, and so on),
+never longer than ``platforms.remote_retry_s`` after the time-out; the next lookup then asks again. A store
+that answered a second late is asked again two seconds later; one whose asks never end, once per
+``remote_retry_s``. The log says once when lookups start skipping the store and once when it answers in time
+again.
 
 An ask that timed out keeps running on the backend's one asking thread until the store or its client gives up
 (redis-py: ``socket_timeout``, 5 s by default, settable in the URL as ``?socket_timeout=S``): a store that never
@@ -30,14 +39,21 @@ logger = init_logger(__name__)
 
 _GUARD = "_lmcache_platforms_lookup_guard"
 _guards_lock = threading.Lock()
+BACKOFF_BASE = 2.0
+"""After the n-th time-out in a row, the store is skipped for ``BACKOFF_BASE ** n`` times the late answer's
+lateness (capped by ``remote_retry_s``)."""
 
 
 class LookupGuard:
-    """One remote backend's asking thread, time budget and back-off."""
+    """One remote backend's asking thread, time budgets and back-off."""
 
-    def __init__(self, timeout_s: float, retry_s: float, name: str) -> None:
-        self.timeout_s, self.retry_s = timeout_s, retry_s
+    def __init__(self, timeout_s: float, retry_s: float, name: str, connect_s: float = 0.0) -> None:
+        self.timeout_s, self.retry_s, self.connect_s = timeout_s, retry_s, max(connect_s, timeout_s)
         self.skip_until = 0.0
+        self.strikes = 0
+        self._skipping = False
+        self._connection: object | None = None
+        self._state = threading.Lock()
         self._asks: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._serve, daemon=True, name=f"lmcache-platforms-ask-{name}")
         self.thread.start()
@@ -51,23 +67,62 @@ class LookupGuard:
                 except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, raised there as upstream's
                     future.set_exception(exc)
 
-    def ask(self, ask: Callable[[], Any], miss: Any, what: str) -> Any:
+    def budget(self, connection: object) -> float:
+        """How long an ask on ``connection`` is waited for: the connect allowance for its first one."""
+        with self._state:
+            if connection is None or connection is self._connection:
+                return self.timeout_s
+            self._connection = connection
+            return self.connect_s
+
+    def ask(self, ask: Callable[[], Any], miss: Any, what: str, connection: object = None) -> Any:
         """``ask()``'s answer, or ``miss`` when the store is being skipped or does not answer in time."""
         if self.timeout_s <= 0 or threading.current_thread() is self.thread:
             return ask()  # no budget, or an ask made from inside another ask (batched -> single contains)
         if time.monotonic() < self.skip_until:
             return miss
+        budget = self.budget(connection)
         future: Future = Future()
+        started = time.monotonic()
         self._asks.put((ask, future))
         try:
-            return future.result(timeout=self.timeout_s)
+            answer = future.result(timeout=budget)
         except FutureTimeout:
-            future.cancel()
-            self.skip_until = time.monotonic() + self.retry_s
-            logger.warning("LMCache's remote store did not answer %s within %.3g s (platforms.remote_lookup_timeout_s)"
-                           "; lookups count its chunks as misses for the next %.3g s (platforms.remote_retry_s)",
-                           what, self.timeout_s, self.retry_s)
+            self._timed_out(future, started, budget, what)
             return miss
+        self._in_time()
+        return answer
+
+    def _in_time(self) -> None:
+        with self._state:
+            self.strikes = 0
+            back, self._skipping = self._skipping, False
+        if back:
+            logger.info("LMCache's remote store answers lookups in time again; lookups ask it again")
+
+    def _timed_out(self, future: Future, started: float, budget: float, what: str) -> None:
+        timed_out = time.monotonic()
+        with self._state:
+            self.strikes += 1
+            strikes = self.strikes
+            self.skip_until = timed_out + self.retry_s
+            newly, self._skipping = not self._skipping, True
+
+        def late(_: Future) -> None:
+            answered = time.monotonic()
+            lateness = answered - started - budget
+            with self._state:
+                if strikes == self.strikes:  # no later time-out has set its own back-off since
+                    self.skip_until = min(timed_out + self.retry_s, answered + BACKOFF_BASE ** strikes * lateness)
+
+        if not future.cancel():  # running: its answer will say how late the store is
+            future.add_done_callback(late)
+        if newly:
+            logger.warning("LMCache's remote store did not answer %s within %.3g s (%s); lookups count its "
+                           "chunks as misses until it answers, then for %.3g times its lateness, at most %.3g s "
+                           "(platforms.remote_retry_s)", what, budget,
+                           "platforms.remote_lookup_timeout_s" if budget == self.timeout_s
+                           else "platforms.remote_connect_timeout_s", BACKOFF_BASE ** strikes, self.retry_s)
 
 
 def lookup_guard(backend: Any) -> LookupGuard:
@@ -79,7 +134,7 @@ def lookup_guard(backend: Any) -> LookupGuard:
             if guard is None:
                 settings = backend_settings(backend)
                 guard = LookupGuard(settings.remote_lookup_timeout_s, settings.remote_retry_s,
-                                    type(backend).__name__)
+                                    type(backend).__name__, settings.remote_connect_timeout_s)
                 setattr(backend, _GUARD, guard)
     return guard
 
@@ -88,7 +143,7 @@ def wrap_remote_contains(upstream: Callable[..., bool]) -> Callable[..., bool]:
     """Patch-catalog wrapper of ``RemoteBackend.contains``: upstream's answer within the time budget."""
 
     def contains(self: Any, key: Any, pin: bool = False) -> bool:
-        return lookup_guard(self).ask(lambda: upstream(self, key, pin), False, "a lookup")
+        return lookup_guard(self).ask(lambda: upstream(self, key, pin), False, "a lookup", self.connection)
 
     contains.upstream = upstream  # type: ignore[attr-defined]
     return contains
@@ -98,7 +153,8 @@ def wrap_remote_batched_contains(upstream: Callable[..., int]) -> Callable[..., 
     """Patch-catalog wrapper of ``RemoteBackend.batched_contains``: its prefix hit count within the budget."""
 
     def batched_contains(self: Any, keys: list[Any], pin: bool = False) -> int:
-        return lookup_guard(self).ask(lambda: upstream(self, keys, pin), 0, f"a lookup of {len(keys)} chunks")
+        return lookup_guard(self).ask(lambda: upstream(self, keys, pin), 0, f"a lookup of {len(keys)} chunks",
+                                      self.connection)
 
     batched_contains.upstream = upstream  # type: ignore[attr-defined]
     return batched_contains

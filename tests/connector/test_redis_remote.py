@@ -53,7 +53,7 @@ def test_chunks_of_another_layout_are_never_found(redis_url: str) -> None:
         assert reader.lookup(request.tokens) == request.stored_tokens
 
 
-def _taken_buffers() -> int:
+def taken_buffers() -> int:
     """LMCache MemoryObjs alive and still referenced (a reader without a CPU cache keeps none after a load)."""
     from lmcache.v1.memory_management import MemoryObj
 
@@ -81,4 +81,4 @@ def test_a_truncated_redis_value_is_a_miss_that_keeps_no_buffer(redis_url: str) 
     client.set(name, client.get(name)[:100])
     with LayoutEngine(layout, storage) as reader:
         assert reader.retrieve(request.tokens, request.load_ids) == 0
-        assert _taken_buffers() == 0
+        assert taken_buffers() == 0

@@ -1,0 +1,145 @@
+"""Chunks in parts stored through LMCache's Redis Cluster remote backend (``redis-cluster://``, a real local
+3-master cluster) by one engine, found and loaded bit for bit by a fresh one: the scale-out store that several
+vLLM servers share. A chunk's parts have their own keys, so they land on different nodes."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmcache_platforms.connector.chunk_format import paged_format
+from lmcache_platforms.connector.parts import install_parts, part_configs
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
+from lmcache_platforms.tools.redis_server import RedisCluster
+from tests.ci import missing
+from tests.connector.test_redis_remote import taken_buffers
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+CHUNKS = 4
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, closable_remote_backends: None) -> Iterator[RedisCluster]:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        missing("redis-server or redis-cli is not on PATH (Debian package redis-server; scripts/test_services.sh "
+                "installs it)")
+    with RedisCluster(str(tmp_path)) as started:
+        yield started
+
+
+def _parted(engine: LayoutEngine) -> LayoutEngine:
+    """Chunks stored and loaded in parts, as the vLLM engine impl sets it up for a window model."""
+    engine.connector.bind(engine.layout, split=True)
+    install_parts(engine.engine, engine.connector.parts, engine.layout.chunk_size)
+    return engine
+
+
+def _keys_per_node(cluster: RedisCluster) -> dict[int, dict[str, int]]:
+    """Per node: how many ``metadata`` keys of each part (by its key tag) it holds."""
+    import redis
+
+    held: dict[int, dict[str, int]] = {}
+    for port in cluster.ports:
+        with redis.Redis(host="127.0.0.1", port=port) as node:
+            names = [name.decode() for name in node.keys("*metadata")]
+        held[port] = {part: sum(f"lmcp_part%{part}" in name for name in names) for part in ("all", "reach32")}
+    return held
+
+
+def _delete_part(cluster: RedisCluster, engine: LayoutEngine, tokens: list[int], part_name: str, chunk: int) -> int:
+    """Delete one part of one chunk from the node holding it; that node's port."""
+    import redis.cluster
+
+    part = next(p for p in engine.connector.parts if p.name == part_name)
+    keys = [key for _, _, key in engine.engine.token_database.process_tokens(
+        tokens=torch.tensor(tokens), request_configs=part_configs(engine.tags, part))]
+    name = keys[chunk].to_string() + "metadata"
+    with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
+        assert client.delete(name) == 1
+        return int(client.get_node_from_key(name).port)
+
+
+def test_a_fresh_engine_loads_parts_another_stored_across_a_redis_cluster(cluster: RedisCluster) -> None:
+    spec = load_layout_spec("gemma3")  # full attention + a 32-token window: two parts per 64-token chunk
+    layout = materialize(spec, "bundled", seed=13)
+    tokens = CHUNKS * layout.chunk_size
+    request = roundtrip.make_request(layout, tokens, seed=13)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, tokens), remote_url=cluster.url)
+    stored = roundtrip.snapshot(layout, request)
+    with _parted(LayoutEngine(layout, storage, kernel_backend="torch")) as writer:
+        assert [p.name for p in writer.connector.parts] == ["all", "reach32"]
+        writer.store(request.tokens, request.store_ids)
+        assert writer.wait_stored(request.tokens, tokens, search_range=["RemoteBackend"]) == tokens
+    held = _keys_per_node(cluster)
+    assert sum(n["all"] for n in held.values()) == CHUNKS and sum(n["reach32"] for n in held.values()) == CHUNKS
+    assert sum(1 for n in held.values() if n["all"] + n["reach32"]) > 1, held  # spread over the nodes
+    roundtrip.zero_planes(layout)
+
+    with _parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+        assert reader.lookup(request.tokens, search_range=["LocalCPUBackend"]) == 0
+        assert reader.lookup(request.tokens) == tokens
+        assert reader.retrieve(request.tokens, request.load_ids) == tokens
+        counters = reader.connector.binding.counters
+        full, _ = reader.connector.parts
+        formats = reader.connector.part_formats
+        # Every chunk's full-attention part, the window part of the last chunk only (the window's 32 tokens).
+        assert counters.bytes_loaded == CHUNKS * formats[0].nbytes + 1 * formats[1].nbytes
+        assert counters.bytes_loaded < CHUNKS * paged_format(layout).nbytes
+    loaded = roundtrip.snapshot(layout, dataclasses.replace(request, store_ids=request.load_ids))
+    compared = 0
+    for (start, group, plane), rows in stored.items():
+        if group in full.transfer_groups or start == (CHUNKS - 1) * layout.chunk_size:
+            assert torch.equal(loaded[(start, group, plane)], rows), (start, group, plane)
+            compared += rows.numel()
+        else:  # a window chunk before the last window: never read
+            assert not loaded[(start, group, plane)].any(), (start, group, plane)
+    assert compared > 0
+
+    # Negative control: the hits are the cluster's. Without chunk 2's full-attention part, on whichever node it
+    # lived, a fresh engine finds exactly the two chunks before it.
+    with _parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+        _delete_part(cluster, reader, request.tokens, "all", 2)
+        assert reader.lookup(request.tokens) == 2 * layout.chunk_size
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative-control-upstream"])
+def test_a_truncated_value_in_the_cluster_is_a_miss_that_keeps_no_buffer(
+        cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch, fixed: bool) -> None:
+    """LMCache 0.5.6's cluster connector, like its Redis one, kept the chunk's buffer taken when a value had the
+    wrong length; the catalog's ``redis_reads`` fix covers both (upstream's own ``_get`` is the control)."""
+    import redis.cluster
+    from lmcache.v1.storage_backend.connector.redis_connector import RedisClusterConnector
+
+    import lmcache_platforms
+    from lmcache_platforms.upstream_fixes.redis_reads import redis_cluster_get
+
+    assert RedisClusterConnector._get is redis_cluster_get
+    if not fixed:
+        (record,) = [r for r in lmcache_platforms.activate().registry.records if r.replacement is redis_cluster_get]
+        monkeypatch.setattr(RedisClusterConnector, "_get", record.original)
+
+    spec = load_layout_spec("gemma3")
+    layout = materialize(spec, "bundled", seed=3)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
+    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, layout.chunk_size),
+                             remote_url=cluster.url)
+    with LayoutEngine(layout, storage) as writer:
+        writer.store(request.tokens, request.store_ids)
+        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
+            request.stored_tokens
+    with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
+        (name,) = client.keys("*kv_bytes", target_nodes=redis.cluster.RedisCluster.ALL_NODES)
+        client.set(name, client.get(name)[:100])
+    with LayoutEngine(layout, storage) as reader:
+        assert reader.lookup(request.tokens) == request.stored_tokens  # the metadata is there
+        assert reader.retrieve(request.tokens, request.load_ids) == 0
+        assert taken_buffers() == (0 if fixed else 1)
