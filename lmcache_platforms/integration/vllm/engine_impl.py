@@ -565,9 +565,8 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Our connector's call (upstream wrappers call ``update_state_after_alloc``, which gets no blocks):
-        upstream's bookkeeping; a load that waits is described now, with every group's
-        blocks, and goes to the workers with this step's metadata (vLLM schedules the request only once it is
-        reported)."""
+        upstream's bookkeeping; a load that waits is described now, with every group's blocks, and goes to the
+        workers with this step's metadata (vLLM schedules the request only once it is reported)."""
         self.update_state_after_alloc(request, num_external_tokens)
         req_id = request.request_id
         spec = self.load_specs.get(req_id)
