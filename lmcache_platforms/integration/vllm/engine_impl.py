@@ -47,6 +47,7 @@ from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
+from lmcache_platforms.integration.vllm.request_scope import ScopedLookups, looking_up, scoped_configs
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
@@ -488,12 +489,23 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     # ------------------------------------------------------------------ scheduler side
 
+    @property
+    def lookup_client(self) -> Any:
+        """Upstream's lookup client, its lookups scoped to the request being looked up (``request_scope``)."""
+        client = super().lookup_client
+        return None if client is None else ScopedLookups(client)
+
+    def _request_configs(self, request: Request) -> dict[str, Any]:
+        """What keys this request's chunks besides its tokens: its LMCache request configs and its scope."""
+        return scoped_configs(request, extract_request_configs(request.sampling_params))
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """LMCache's hit beyond vLLM's own, and whether it loads while the request waits. A request whose load
         failed once is recomputed: a second lookup would find the same broken chunk."""
         if not self.plan.hits_allowed or request.request_id in self._failed_loads:
             return 0, False
-        tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        with looking_up(self._request_configs(request)):
+            tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if tokens and self.plan.snapshot_groups:
             tokens = self._to_snapshot(request.request_id, num_computed_tokens, tokens)
         return tokens, bool(tokens) and self.waits_for_loads
@@ -513,7 +525,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         tracker = RequestTracker(
             req_id=req_id, prompt_len=request.num_prompt_tokens, token_ids=list(request.all_token_ids[:hit]),
             block_ids=block_ids_per_group(blocks.get_block_ids(), len(self.plan.groups)),
-            request_configs=extract_request_configs(request.sampling_params))
+            request_configs=self._request_configs(request))
         tracker.mm_hashes, tracker.mm_positions = extract_mm_features(request)
         meta = build_request_meta(tracker, self.plan, self._lmcache_chunk_size, force_skip_save=True,
                                   load_spec=LoadSpec(spec.vllm_cached_tokens, hit, True))
@@ -568,6 +580,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id.startswith("mock_req"):
                 continue
+            request = self._unfinished_requests.get(new.req_id)
+            if request is None:
+                raise ValueError(f"request {new.req_id} is scheduled but vLLM never allocated its blocks")
             load_spec = self._pop_load_spec(new.req_id)
             priority = self._requests_priority.pop(new.req_id, 0)
             limit = self.config.priority_limit
@@ -576,7 +591,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 num_tokens_to_compute=new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id],
                 lmcache_cached_tokens=self._loaded_tokens(new.req_id, load_spec),
                 skip_save=limit is not None and priority > limit,
-                request_configs=extract_request_configs(new.sampling_params),
+                request_configs=self._request_configs(request),
             )
             if getattr(new, "mm_features", None):
                 tracker.mm_hashes, tracker.mm_positions = extract_mm_features(new, modify=True)
