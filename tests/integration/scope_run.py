@@ -2,9 +2,11 @@
 and LoRA adapter, through our connector (or without any connector, for the reference answers).
 
 Arguments: the model folder and a JSON object: ``requests`` (a list of ``{"salt": str | null, "lora": bool}``),
-``adapter`` (the adapter folder, enables LoRA), ``connector`` (default true), ``unscoped`` ("salt" or "lora":
-the negative control, that part of the request's identity left out of our chunk keys). Prints one JSON line:
-per request its output tokens and the tokens our connector loaded for it. Run as a module in a subprocess.
+``adapter`` (the adapter folder, enables LoRA), ``connector`` (default true), ``extra`` (more
+``kv_connector_extra_config`` entries, e.g. a shared store), and the negative controls: ``unscoped`` ("salt" or
+"lora": that part of the request's identity left out of our chunk keys), ``unidentified`` (true: one model
+identity for every model). Prints one JSON line: per request its output tokens and the tokens our connector
+loaded for it. Run as a module in a subprocess.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ def _leave_out(part: str) -> None:
         request_scope.request_scope = lambda lora, salt: scope(None, salt)  # type: ignore[assignment]
 
 
+def _one_identity() -> None:
+    """The negative control: every model's chunk keys carry the same identity. Replaced before the engine impl
+    imports it (importing the impl here, before vLLM builds its engine, makes vLLM's CPU kernel scan fail on a
+    llvmlite object)."""
+    from lmcache_platforms.integration.vllm import model_identity
+
+    model_identity.model_identity = lambda model_config, revision="": model_identity.ModelIdentity("any", "-", "-")
+
+
 def main(model: str, options: dict) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -40,6 +51,8 @@ def main(model: str, options: dict) -> None:
 
     if options.get("unscoped"):
         _leave_out(options["unscoped"])
+    if options.get("unidentified"):
+        _one_identity()
     adapter = options.get("adapter")
     kwargs: dict = {}
     if adapter:
@@ -48,7 +61,7 @@ def main(model: str, options: dict) -> None:
         kwargs["kv_transfer_config"] = {
             "kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"lmcache.chunk_size": CHUNK, "lmcache.local_cpu": True,
-                                          "lmcache.max_local_cpu_size": 0.5}}
+                                          "lmcache.max_local_cpu_size": 0.5, **options.get("extra", {})}}
     llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, block_size=32, max_model_len=1024,
               enable_prefix_caching=False, **kwargs)
     params = SamplingParams(max_tokens=8, temperature=0)

@@ -43,6 +43,7 @@ from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard, LoadResults
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
+from lmcache_platforms.integration.vllm.model_identity import MODEL_TAG, model_identity
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, vllm_hint_for
@@ -176,7 +177,12 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if self.config.use_layerwise:
             raise ValueError("LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms "
                              "vLLM integration yet: its per-layer calls carry no per-group block ids")
-        logger.info("LMCache platforms engine impl (%s): %s", self._role_name, self.plan.describe())
+        logger.info("LMCache platforms engine impl (%s): %s; %s", self._role_name, self.plan.describe(),
+                    self.model.describe())
+        if not self.model.weights_found:
+            logger.warning("the weight files of %s were not found: chunk keys tell its weights apart only by "
+                           "model name and revision; set platforms.model_revision to name them",
+                           vllm_config.model_config.model)
         if not self.plan.hits_allowed:
             logger.warning("LMCache will neither save nor report hits for this model: %s", self.plan.why_no_hits())
         if role == KVConnectorRole.SCHEDULER:
@@ -186,6 +192,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                               config: LMCacheEngineConfig) -> None:
         super()._init_connector_state(role, vllm_config, config)
         self.settings = _settings(config, vllm_config)
+        self.model = model_identity(vllm_config.model_config, self.settings.model_revision)
         kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
         if kv_cache_config is None:
             self.plan: GroupPlan = single_group_plan(self._block_size)
@@ -227,9 +234,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         health.record(self._role_name, "post_init", self._manager)
 
     def _attach_layout(self, kv_caches: dict[str, Any]) -> None:
-        """Bind the caches' layout to our GPU connector; its key tags then go into every store, load and
-        lookup. Upstream's connector is refused: it needs the KV tensors and per-token slots in every call,
-        which our metadata does not carry (the catalog installs our connector factory with this impl)."""
+        """Bind the caches' layout to our GPU connector; its key tags and the model's identity then go into
+        every store, load and lookup. Upstream's connector is refused: it needs the KV tensors and per-token
+        slots in every call, which our metadata does not carry (the catalog installs our connector factory with
+        this impl)."""
         engine = self.lmcache_engine
         connector = engine.gpu_connector
         if not isinstance(connector, LayoutConnector):
@@ -240,7 +248,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         binding = _bind(connector, self.layout, self._split_chunks())
         if connector.parts:
             install_parts(engine, connector.parts, self._lmcache_chunk_size)
-        self._key_tags = dict(binding.key_tags)
+        self._key_tags = {**binding.key_tags, MODEL_TAG: self.model.tag}
         tag_engine_lookups(engine, self._key_tags)
 
     def _split_chunks(self) -> bool:
