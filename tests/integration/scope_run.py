@@ -1,7 +1,8 @@
 """Real vLLM (CPU, one process) running one prompt as a sequence of requests, each with its own ``cache_salt``
 and LoRA adapter, through our connector (or without any connector, for the reference answers).
 
-Arguments: the model folder and a JSON object: ``requests`` (a list of ``{"salt": str | null, "lora": bool}``),
+Arguments: the model folder and a JSON object: ``requests`` (a list of ``{"salt": str | null, "lora": bool,
+"reset": "connector" | "vllm"}``, the last resetting vLLM's prefix cache first, asking the connector too or not),
 ``adapter`` (the adapter folder, enables LoRA), ``connector`` (default true), ``extra`` (more
 ``kv_connector_extra_config`` entries, e.g. a shared store), and the negative controls: ``unscoped`` ("salt" or
 "lora": that part of the request's identity left out of our chunk keys), ``unidentified`` (true: one model
@@ -71,6 +72,8 @@ def main(model: str, options: dict) -> None:
         prompt = TokensPrompt(prompt_token_ids=PROMPT)
         if request.get("salt") is not None:
             prompt["cache_salt"] = request["salt"]
+        if request.get("reset"):
+            assert llm.reset_prefix_cache(reset_connector=request["reset"] == "connector")
         loaded_before = _chunks_loaded()
         output = llm.generate([prompt], params, lora_request=lora if request.get("lora") else None)[0]
         results.append({"output": list(output.outputs[0].token_ids),

@@ -1,6 +1,6 @@
 """A chunk is shared exactly where vLLM's prefix cache would share the block: requests under another LoRA
-adapter or another ``cache_salt`` never load each other's chunks (real vLLM, a hand-written random adapter on
-k_proj/v_proj), each with a negative control leaving that part out of the keys."""
+adapter or another ``cache_salt``, or after vLLM reset its prefix cache, never load each other's chunks (real
+vLLM, a hand-written random adapter on k_proj/v_proj), each with a negative control."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def test_scope_follows_vllms_block_hash_inputs():
     assert request_scope(LoRARequest("a", 7, "/adapters/a"), None) == request_scope(adapter, None)  # int id: no
     assert len({base, request_scope(adapter, None), request_scope(LoRARequest("a", 1, "/adapters/b"), None),
                 request_scope(LoRARequest("b", 1, "/adapters/a"), None), request_scope(adapter, "t1")}) == 5
+    assert request_scope(None, None, "") == base != request_scope(None, None, "g1") != request_scope(None, None, "g2")
 
 
 def test_a_request_cannot_name_another_scope():
@@ -148,3 +149,13 @@ def test_without_the_adapter_in_the_key_it_loads_the_base_model_and_answers_wron
     results = run(model, {"adapter": str(adapter), "requests": ADAPTED, "unscoped": "lora"})
     assert [r["loaded_tokens"] for r in results] == [0, HIT, HIT]
     assert results[1]["output"] != reference["lora"]
+
+
+@pytest.mark.slow
+def test_after_vllm_resets_its_prefix_cache_nothing_stored_before_hits(model, reference):
+    """``reset_connector``: the first request after the reset computes and stores anew, the next one hits;
+    the control resets vLLM alone (our connector not asked) and keeps hitting the KV computed before."""
+    requests = [{}, {}, {"reset": "connector"}, {}, {"reset": "vllm"}]
+    results = run(model, {"requests": requests})
+    assert [r["loaded_tokens"] for r in results] == [0, HIT, 0, HIT, HIT]
+    assert all(r["output"] == reference["base"] for r in results)

@@ -15,12 +15,15 @@ failed-block reporting. Rules on top of upstream's:
     in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
     reports when there are several groups);
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
+  - every chunk key carries the request's scope (LoRA adapter, cache_salt, the generation a prefix-cache reset
+    bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
   - vLLM 0.33 sleep mode: between ``unregister_kv_caches`` and ``restore_kv_caches`` nothing of ours touches
     the KV tensors (a save is skipped, a load reported failed), and restore checks they did not move.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -214,6 +217,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._wait_loads: dict[str, RequestMeta] = {}
         self._loaded_while_waiting: dict[str, int] = {}
         self._failed_loads: set[str] = set()
+        # Each request's chunk configs as of its latest lookup, and the scope's generation (request_scope.py).
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._generation = ""
         # Worker side.
         self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
 
@@ -504,12 +510,28 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         return None if client is None else ScopedLookups(client)
 
     def _request_configs(self, request: Request) -> dict[str, Any]:
-        """What keys this request's chunks besides its tokens: its LMCache request configs and its scope."""
-        return scoped_configs(request, extract_request_configs(request.sampling_params))
+        """What keys this request's chunks besides its tokens (its LMCache request configs and its scope), as
+        of its latest lookup: a load must use the generation its hit was found in."""
+        configs = self._configs.get(request.request_id)
+        if configs is None:
+            configs = scoped_configs(request, extract_request_configs(request.sampling_params), self._generation)
+        return configs
+
+    def reset_cache(self) -> bool:
+        """vLLM reset its prefix cache and asked us too: KV computed before never hits again. Nothing is deleted
+        (the store may be shared, and LMCache's tiers cannot be cleared at once): every later lookup uses a new
+        generation of scopes instead. A request keeps the generation of its latest lookup: one running now stores
+        its KV, computed before, in the old one; one preempted is looked up again."""
+        self._generation = secrets.token_hex(8)
+        logger.info("vLLM reset its prefix cache: LMCache's chunks stored before are no longer looked up "
+                    "(scope generation %s)", self._generation)
+        return True
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """LMCache's hit beyond vLLM's own, and whether it loads while the request waits. A request whose load
         failed once is recomputed: a second lookup would find the same broken chunk."""
+        self._configs[request.request_id] = scoped_configs(
+            request, extract_request_configs(request.sampling_params), self._generation)
         if not self.plan.hits_allowed or request.request_id in self._failed_loads:
             return 0, False
         with looking_up(self._request_configs(request)):
@@ -582,6 +604,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if self.lookup_client is None:
             return meta
         for req_id in scheduler_output.finished_req_ids:
+            self._configs.pop(req_id, None)
             self._request_trackers.pop(req_id, None)
             self._unfinished_requests.pop(req_id, None)
         num_groups = len(self.plan.groups)
@@ -629,6 +652,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         new_block_ids = cached.new_block_ids[index]
         num_computed = request.num_computed_tokens
         if _is_resumed(cached, index, req_id):
+            tracker.request_configs = self._request_configs(request)  # looked up again: maybe after a reset
             tracker.resume(request.all_token_ids, new_block_ids, num_computed, num_new,
                            self._loaded_tokens(req_id, load_spec))
         else:
@@ -644,6 +668,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         """vLLM's HMA hook: saving is synchronous (wait_for_save), so blocks can be freed at once. (A request
         finished while its load waits keeps its blocks until the load is reported: vLLM sees to that.)"""
         req_id = request.request_id
+        self._configs.pop(req_id, None)
         self._failed_loads.discard(req_id)
         self._loaded_while_waiting.pop(req_id, None)
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
