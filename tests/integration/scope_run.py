@@ -31,9 +31,9 @@ def _leave_out(part: str) -> None:
 
     scope = request_scope.request_scope
     if part == "salt":
-        request_scope.request_scope = lambda lora, salt: scope(lora, None)  # type: ignore[assignment]
+        request_scope.request_scope = lambda lora, salt, generation="": scope(lora, None, generation)
     else:
-        request_scope.request_scope = lambda lora, salt: scope(None, salt)  # type: ignore[assignment]
+        request_scope.request_scope = lambda lora, salt, generation="": scope(None, salt, generation)
 
 
 def _one_identity() -> None:

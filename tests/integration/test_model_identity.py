@@ -65,7 +65,7 @@ def test_weight_files_are_known_by_size_and_mtime_or_by_their_hub_blob(tmp_path)
 def test_the_identity_follows_the_weights_unless_a_revision_names_them(tiny, tmp_path):
     folder = shutil.copytree(tiny, tmp_path / "m")
     before = model_identity(model_config(folder))
-    assert before.weights_found and "1 files by stat" in before.weights
+    assert before.weights_found and "1 file(s) by stat" in before.weights
     assert model_identity(model_config(folder)).tag == before.tag
     os.utime(folder / "model.safetensors", ns=(1, 1))
     assert model_identity(model_config(folder)).tag != before.tag

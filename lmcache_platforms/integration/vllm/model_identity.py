@@ -93,7 +93,7 @@ def model_identity(model_config: Any, model_revision: str = "") -> ModelIdentity
         else:
             weights = {p.name: file_identity(p) for p in files}
             kinds = sorted({identity.split(":", 1)[0] for identity in weights.values()})
-            described = f"{len(files)} files by {'+'.join(kinds)}"
+            described = f"{len(files)} file(s) by {'+'.join(kinds)}"
     tag = _digest([config, quantization, weights])
     return ModelIdentity(tag=tag, config=config, weights=f"{_digest(weights)}: {described}",
                          weights_found="unfound" not in weights)
