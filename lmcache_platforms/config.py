@@ -65,6 +65,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("platforms.chunk_rows", "LMCACHE_PLATFORMS_CHUNK_ROWS", "blocks",
             "blocks: where chunks are saved whole and cover whole blocks, a chunk holds each block's page as one "
             "row (one copy per page); tokens: one row per token, as LMCache does"),
+    Setting("platforms.model_revision", "LMCACHE_PLATFORMS_MODEL_REVISION", "",
+            "names the weights in every chunk key instead of their files' size and mtime: servers given the same "
+            "value must hold the same weights"),
 )
 
 
@@ -107,6 +110,7 @@ class PlatformSettings:
     remote_close_timeout_s: float = 5.0
     chunk_parts: str = "window"
     chunk_rows: str = "blocks"
+    model_revision: str = ""
 
     @classmethod
     def load(

@@ -18,6 +18,7 @@ from vllm.v1.request import Request
 
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.integration.vllm import health
+from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 from tests.integration.specs import gemma_like
 from tests.integration.vllm_env import vllm_config
 from tests.integration.vllm_stack import start_stack, stop_stack
@@ -165,7 +166,7 @@ def test_a_short_load_with_several_groups_is_reported_for_that_request_and_recom
     tags = hybrid.worker.impl._key_tags
     full_part = engine.gpu_connector.parts[0]  # chunks are stored in parts: drop the full-attention one
     keys = [key for _, _, key in engine.token_database.process_tokens(
-        tokens=prompt[:192], request_configs=part_configs(tags, full_part))]
+        tokens=prompt[:192], request_configs=part_configs({SCOPE_TAG: request_scope(None, None), **tags}, full_part))]
     assert engine.storage_manager.remove(keys[-1])  # evicted between the lookup and the load
     hybrid.wait_for_loads()
     assert ("c" in hybrid.finished_loads, "c" in hybrid.failed_loads) == (True, True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from vllm.v1.core.sched.output import CachedRequestData
 
+from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 from tests.integration.test_end_to_end import PROMPT, admit, output
 from tests.integration.vllm_stack import single_group_stack
 
@@ -27,7 +28,8 @@ def test_failed_blocks_are_reported_then_recomputed_and_stored_again(single):
     hit, step = admit(single, "b", prompt_b, table_b)
     assert hit == 192
     engine, tags = single.worker.impl.lmcache_engine, single.worker.impl._key_tags
-    keys = [key for _, _, key in engine.token_database.process_tokens(tokens=PROMPT[:192], request_configs=tags)]
+    configs = {SCOPE_TAG: request_scope(None, None), **tags}  # a plain request's keys
+    keys = [key for _, _, key in engine.token_database.process_tokens(tokens=PROMPT[:192], request_configs=configs)]
     engine.storage_manager.remove(keys[-1])
     single.step(step, {})
     # tokens [128, 192) did not arrive: blocks 4 and 5 of b's table (32 tokens per block)

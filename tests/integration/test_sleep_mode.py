@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lmcache_platforms.integration.vllm import health
+from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 from tests.integration.specs import gemma_like
 from tests.integration.test_end_to_end import (
     TABLE_A,
@@ -45,8 +46,10 @@ def moved(stack) -> tuple[int, int]:
 
 
 def stored_tokens(stack, tokens: list[int]) -> int:
-    """How many leading tokens of ``tokens`` LMCache holds (the engine's lookups carry our key tags)."""
-    return stack.worker.impl.lmcache_engine.lookup(torch.tensor(tokens))
+    """How many leading tokens of ``tokens`` LMCache holds for a request without adapter or salt (the engine's
+    lookups carry our layout tags)."""
+    return stack.worker.impl.lmcache_engine.lookup(torch.tensor(tokens),
+                                                   request_configs={SCOPE_TAG: request_scope(None, None)})
 
 
 def assert_moved_nothing(before: tuple[int, int], after: tuple[int, int]) -> None:
@@ -165,7 +168,8 @@ class TestHybrid:
         from lmcache_platforms.kernels.contract import TransferError
 
         tokens = prompt(13)[:192]
-        engine, tags = hybrid.worker.impl.lmcache_engine, hybrid.worker.impl._key_tags
+        engine = hybrid.worker.impl.lmcache_engine
+        tags = {SCOPE_TAG: request_scope(None, None), **hybrid.worker.impl._key_tags}  # a plain request's keys
         hybrid.worker.unregister_kv_caches()
         before = moved(hybrid)
         with pytest.raises(TransferError, match="released"):

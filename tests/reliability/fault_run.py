@@ -128,15 +128,17 @@ class Run:
         return sum(int(m.value) for m in self.llm.get_metrics() if m.name == "vllm:external_prefix_cache_hits")
 
     def chunk_keys(self, name: str) -> list[Any]:
-        """LMCache's keys of a prompt's whole chunks, tagged as our connector tags every store and load (of the
-        full-attention part, which every hit needs, when chunks are stored in parts)."""
+        """LMCache's keys of a prompt's whole chunks, tagged as our connector tags every store and load of a
+        request without adapter or salt (of the full-attention part, which every hit needs, when chunks are
+        stored in parts)."""
         from lmcache_platforms.connector.parts import part_configs
         from lmcache_platforms.integration.vllm.key_tags import with_tags
+        from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 
         impl = self.impl
         tokens = prompt(name)
         tokens = tokens[: len(tokens) // CHUNK * CHUNK]
-        configs = with_tags(None, impl._key_tags)
+        configs = with_tags({SCOPE_TAG: request_scope(None, None)}, impl._key_tags)
         parts = impl.lmcache_engine.gpu_connector.parts
         if parts:
             configs = part_configs(configs, parts[0])

@@ -112,9 +112,11 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         the only device memory of ours that sleep mode takes away (LMCache's engine, our scratch buffers and
         kernel tables are allocated outside vLLM's cumem pools, its chunks live in host memory, disk or remote
         storage); between unregister and restore no transfer touches those tensors; restore checks they are
-        back at the bound addresses and rebinds or refuses when not. LMCache's chunks survive sleep, so
-        prefixes stored before it are loaded again after wake-up. Decided from the class alone (vLLM asks
-        while validating its config, before any connector exists), so ``kv_transfer_config`` is not read."""
+        back at the bound addresses and rebinds or refuses when not. LMCache's chunks survive sleep, but vLLM
+        (0.32's engine core) pauses a sleep of level >= 1 with ``clear_cache``, which calls ``reset_cache``: what
+        was stored before is then never looked up again (the weights may be replaced meanwhile). Decided from
+        the class alone (vLLM asks while validating its config, before any connector exists), so
+        ``kv_transfer_config`` is not read."""
         return True
 
     def unregister_kv_caches(self) -> None:
@@ -151,6 +153,9 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._impl.update_connector_output(connector_output)
+
+    def reset_cache(self) -> bool:
+        return self._impl.reset_cache()
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._impl.build_connector_meta(scheduler_output)

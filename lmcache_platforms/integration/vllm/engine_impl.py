@@ -15,12 +15,15 @@ failed-block reporting. Rules on top of upstream's:
     in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
     reports when there are several groups);
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
+  - every chunk key carries the request's scope (LoRA adapter, cache_salt, the generation a prefix-cache reset
+    bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
   - vLLM 0.33 sleep mode: between ``unregister_kv_caches`` and ``restore_kv_caches`` nothing of ours touches
     the KV tensors (a save is skipped, a load reported failed), and restore checks they did not move.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Mapping
 from functools import partial
@@ -46,10 +49,12 @@ from lmcache_platforms.integration.vllm.async_loads import AsyncLoads, LoadGuard
 from lmcache_platforms.integration.vllm.exit_shutdown import shut_down_at_exit
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups, with_tags
+from lmcache_platforms.integration.vllm.model_identity import MODEL_TAG, model_identity
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, cache_dtype_tags, vllm_hint_for
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
+from lmcache_platforms.integration.vllm.request_scope import ScopedLookups, looking_up, scoped_configs
 from lmcache_platforms.integration.vllm.stats import StatsRecorder
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.integration.vllm.wrapper_contract import contract_of
@@ -184,7 +189,12 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if self.config.use_layerwise:
             raise ValueError("LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms "
                              "vLLM integration yet: its per-layer calls carry no per-group block ids")
-        logger.info("LMCache platforms engine impl (%s): %s", self.role_name, self.plan.describe())
+        logger.info("LMCache platforms engine impl (%s): %s; %s", self.role_name, self.plan.describe(),
+                    self.model.describe())
+        if not self.model.weights_found:
+            logger.warning("the weight files of %s were not found: chunk keys tell its weights apart only by "
+                           "model name and revision; set platforms.model_revision to name them",
+                           vllm_config.model_config.model)
         self._log_contract()
         if not self.hits_allowed:
             logger.warning("LMCache will neither save nor report hits for this model: %s", self.why_no_hits())
@@ -214,6 +224,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                               config: LMCacheEngineConfig) -> None:
         super()._init_connector_state(role, vllm_config, config)
         self.settings = _settings(config, vllm_config)
+        self.model = model_identity(vllm_config.model_config, self.settings.model_revision)
         kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
         if kv_cache_config is None:
             self.plan: GroupPlan = single_group_plan(self._block_size)
@@ -237,6 +248,9 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         self._wait_loads: dict[str, RequestMeta] = {}
         self._loaded_while_waiting: dict[str, int] = {}
         self._failed_loads: set[str] = set()
+        # Each request's chunk configs as of its latest lookup, and the scope's generation (request_scope.py).
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._generation = ""
         # Worker side.
         self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
         # What vLLM's stats line and /metrics show (taken by the connector every step).
@@ -259,9 +273,10 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         health.record(self.role_name, "post_init", self._manager)
 
     def _attach_layout(self, kv_caches: dict[str, Any]) -> None:
-        """Bind the caches' layout to our GPU connector; its key tags then go into every store, load and
-        lookup. Upstream's connector is refused: it needs the KV tensors and per-token slots in every call,
-        which our metadata does not carry (the catalog installs our connector factory with this impl)."""
+        """Bind the caches' layout to our GPU connector; its key tags and the model's identity then go into
+        every store, load and lookup. Upstream's connector is refused: it needs the KV tensors and per-token
+        slots in every call, which our metadata does not carry (the catalog installs our connector factory with
+        this impl)."""
         engine = self.lmcache_engine
         connector = engine.gpu_connector
         if not isinstance(connector, LayoutConnector):
@@ -272,7 +287,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         binding = _bind(connector, self.layout, self._split_chunks())
         if connector.parts:
             install_parts(engine, connector.parts, self._lmcache_chunk_size)
-        self._key_tags = {**binding.key_tags, **cache_dtype_tags(self._vllm_config)}
+        self._key_tags = {**binding.key_tags, **cache_dtype_tags(self._vllm_config), MODEL_TAG: self.model.tag}
         tag_engine_lookups(engine, self._key_tags)
 
     def _split_chunks(self) -> bool:
@@ -541,12 +556,39 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
 
     # ------------------------------------------------------------------ scheduler side
 
+    @property
+    def lookup_client(self) -> Any:
+        """Upstream's lookup client, its lookups scoped to the request being looked up (``request_scope``)."""
+        client = super().lookup_client
+        return None if client is None else ScopedLookups(client)
+
+    def _request_configs(self, request: Request) -> dict[str, Any]:
+        """What keys this request's chunks besides its tokens (its LMCache request configs and its scope), as
+        of its latest lookup: a load must use the generation its hit was found in."""
+        configs = self._configs.get(request.request_id)
+        if configs is None:
+            configs = scoped_configs(request, extract_request_configs(request.sampling_params), self._generation)
+        return configs
+
+    def reset_cache(self) -> bool:
+        """vLLM reset its prefix cache and asked us too: KV computed before never hits again. Nothing is deleted
+        (the store may be shared, and LMCache's tiers cannot be cleared at once): every later lookup uses a new
+        generation of scopes instead. A request keeps the generation of its latest lookup: one running now stores
+        its KV, computed before, in the old one; one preempted is looked up again."""
+        self._generation = secrets.token_hex(8)
+        logger.info("vLLM reset its prefix cache: LMCache's chunks stored before are no longer looked up "
+                    "(scope generation %s)", self._generation)
+        return True
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
         """Upstream's contract (every upstream wrapper calls this): LMCache's hit beyond vLLM's own, a count. A
         request whose load failed once is recomputed: a second lookup would find the same broken chunk."""
+        self._configs[request.request_id] = scoped_configs(
+            request, extract_request_configs(request.sampling_params), self._generation)
         if not self.hits_allowed or request.request_id in self._failed_loads:
             return 0
-        tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        with looking_up(self._request_configs(request)):
+            tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if tokens and self.plan.snapshot_groups:
             tokens = self._to_snapshot(request.request_id, num_computed_tokens, tokens)
         return tokens
@@ -579,7 +621,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         tracker = RequestTracker(
             req_id=req_id, prompt_len=request.num_prompt_tokens, token_ids=list(request.all_token_ids[:hit]),
             block_ids=block_ids_per_group(blocks.get_block_ids(), len(self.plan.groups)),
-            request_configs=extract_request_configs(request.sampling_params))
+            request_configs=self._request_configs(request))
         tracker.mm_hashes, tracker.mm_positions = extract_mm_features(request)
         meta = build_request_meta(tracker, self.plan, self._lmcache_chunk_size, force_skip_save=True,
                                   load_spec=LoadSpec(spec.vllm_cached_tokens, hit, True))
@@ -628,12 +670,16 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         if self.lookup_client is None:
             return meta
         for req_id in scheduler_output.finished_req_ids:
+            self._configs.pop(req_id, None)
             self._request_trackers.pop(req_id, None)
             self._unfinished_requests.pop(req_id, None)
         num_groups = len(self.plan.groups)
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id.startswith("mock_req"):
                 continue
+            request = self._unfinished_requests.get(new.req_id)
+            if request is None:
+                raise ValueError(f"request {new.req_id} is scheduled but vLLM never allocated its blocks")
             load_spec = self._pop_load_spec(new.req_id)
             priority = self._requests_priority.pop(new.req_id, 0)
             limit = self.config.priority_limit
@@ -642,7 +688,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
                 num_tokens_to_compute=new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id],
                 lmcache_cached_tokens=self._loaded_tokens(new.req_id, load_spec),
                 skip_save=limit is not None and priority > limit,
-                request_configs=extract_request_configs(new.sampling_params),
+                request_configs=self._request_configs(request),
             )
             if getattr(new, "mm_features", None):
                 tracker.mm_hashes, tracker.mm_positions = extract_mm_features(new, modify=True)
@@ -672,6 +718,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         new_block_ids = cached.new_block_ids[index]
         num_computed = request.num_computed_tokens
         if _is_resumed(cached, index, req_id):
+            tracker.request_configs = self._request_configs(request)  # looked up again: maybe after a reset
             tracker.resume(request.all_token_ids, new_block_ids, num_computed, num_new,
                            self._loaded_tokens(req_id, load_spec))
         else:
@@ -687,6 +734,7 @@ class MultiGroupConnectorImpl(LMCacheConnectorV1Impl):
         """vLLM's HMA hook: saving is synchronous (wait_for_save), so blocks can be freed at once. (A request
         finished while its load waits keeps its blocks until the load is reported: vLLM sees to that.)"""
         req_id = request.request_id
+        self._configs.pop(req_id, None)
         self._failed_loads.discard(req_id)
         self._loaded_while_waiting.pop(req_id, None)
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
