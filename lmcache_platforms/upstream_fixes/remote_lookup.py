@@ -47,7 +47,7 @@ lateness (capped by ``remote_retry_s``)."""
 class LookupGuard:
     """One remote backend's asking thread, time budgets and back-off."""
 
-    def __init__(self, timeout_s: float, retry_s: float, name: str, connect_s: float = 0.0) -> None:
+    def __init__(self, timeout_s: float, connect_s: float, retry_s: float, name: str) -> None:
         self.timeout_s, self.retry_s, self.connect_s = timeout_s, retry_s, max(connect_s, timeout_s)
         self.skip_until = 0.0
         self.strikes = 0
@@ -133,8 +133,8 @@ def lookup_guard(backend: Any) -> LookupGuard:
             guard = getattr(backend, _GUARD, None)
             if guard is None:
                 settings = backend_settings(backend)
-                guard = LookupGuard(settings.remote_lookup_timeout_s, settings.remote_retry_s,
-                                    type(backend).__name__, settings.remote_connect_timeout_s)
+                guard = LookupGuard(settings.remote_lookup_timeout_s, settings.remote_connect_timeout_s,
+                                    settings.remote_retry_s, type(backend).__name__)
                 setattr(backend, _GUARD, guard)
     return guard
 
