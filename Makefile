@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-$(PLATFORM)
 # The environment every test run gets, here and in CI (.ci/run is `make test` with CI=true added).
 TEST_ENV := PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false
+# Two pytest-xdist workers (the CI machine has two cores; most of the suite's time is spent in engines and
+# servers that start single-threaded); `make test PYTEST_WORKERS=` runs in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
 .PHONY: setup test device-check demo lint clean
 
@@ -20,7 +23,7 @@ test: setup
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
-	$(TEST_ENV) $(PY) -m pytest -q --durations=15
+	$(TEST_ENV) $(PY) -m pytest -q $(PYTEST_WORKERS) --durations=15
 
 # On a GPU machine (make device-check PLATFORM=cuda): the kernel contract suite, the Triton kernel run on the GPU
 # and its bench against a same-size copy, as one JSON object on stdout.

@@ -57,7 +57,7 @@ setup(
     ],
     extras_require={
         # import-linter pinned: `lint-imports` enforces the layer contracts in pyproject.toml (make test, make lint); mypy type-checks the package
-        "test": ["pytest", "hypothesis", "ruff", "redis", "import-linter==2.16", "mypy==2.4.1"],
+        "test": ["pytest", "pytest-xdist", "pytest-timeout", "hypothesis", "ruff", "redis", "import-linter==2.16", "mypy==2.4.1"],
         "triton": ["triton"],
     },
     entry_points={

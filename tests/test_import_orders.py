@@ -1,19 +1,18 @@
 """Whatever the order of imports, our connector name resolves in vLLM's real factory and LMCache is patched.
 
-Each case is a fresh interpreter (a process imports each module once, so an order cannot be replayed in this
-one) that imports vLLM's connector factory, LMCache's vLLM adapter and activates us, in some order, then
-prints one JSON line made by ``_probe``. The bug these guard against: activation registered its post-import hook
-on the factory before marking itself active, so where the factory was already imported wrapt ran the hook at
-once, it saw no active state, and vLLM later raised ``Unsupported connector type: LMCachePlatformsConnector``.
+Each case starts from a fresh import state (a process imports each module once, so an order cannot be replayed
+in this one): a child forked by ``tests.fork_server``, which has imported torch, transformers and vLLM's config
+modules and nothing the cases order, imports vLLM's connector factory, LMCache's vLLM adapter and activates us, in
+some order, then prints one JSON line made by ``_probe``. The bug these guard against: activation registered its
+post-import hook on the factory before marking itself active, so where the factory was already imported wrapt ran
+the hook at once, it saw no active state, and vLLM later raised ``Unsupported connector type:
+LMCachePlatformsConnector``.
 
 Why this set covers it. Importing LMCache's adapter imports vLLM's factory too (every case records whether the
 factory was loaded when activation began and asserts it), so of the six orders four activate with the factory
-already imported (the bug's path) and two before it (the deferred hook's path). Each case costs one interpreter
-that imports vLLM and LMCache, measured at 8.5 s on two idle cores and 9-16 s on shared ones, so all 24 order x
-source cases would take 3.5-5 minutes. All six orders run for ``import lmcache_platforms`` and for vLLM's plugin
-loader (the path every vLLM process takes); building our connector and the CLI reach the same ``activate()``, so
-the fast suite runs each with activation first and last (one of each path) and marks their other four orders
-``slow``. The fast selection of this module is 22 interpreters: 3.3 minutes idle, 4.5 measured while shared.
+already imported (the bug's path) and two before it (the deferred hook's path); every order runs for each of the
+four ways to activate. A fresh interpreter per case cost 8.5-16 s (these 30 cases: 4.4 minutes in CI); a forked
+child costs ~2 s, its imports of vLLM's factory and LMCache being all that is left.
 
 Found while writing these: LMCache imports every ``lmcache.device_plugins`` entry point while it imports, and ours
 lived inside the package, so ``import lmcache`` imported ``lmcache_platforms`` as a mere parent (no activation)
@@ -27,11 +26,12 @@ import inspect
 import itertools
 import json
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.fork_server import ForkServer
 
 FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
@@ -52,9 +52,6 @@ ACTIVATIONS = {
     "cli": "import lmcache_platforms.cli.main\nlmcache_platforms.cli.main.main(['plan', '--layout', 'llama'])",
 }
 ORDERS = list(itertools.permutations(("factory", "adapter", "activate")))
-FAST_ORDERS = {"plugin": ORDERS, "import": ORDERS,
-               "connector": [("activate", "factory", "adapter"), ("factory", "adapter", "activate")]}
-FAST_ORDERS["cli"] = FAST_ORDERS["connector"]
 
 
 def _probe() -> dict[str, Any]:
@@ -96,15 +93,26 @@ def _probe() -> dict[str, Any]:
     return report
 
 
-def _fresh(body: str, **env: str) -> list[dict[str, Any]]:
-    """Run ``body`` in a new interpreter with ``_probe`` defined; ``results.append(_probe())`` collects reports.
-    Our JSON is the last stdout line (the CLI prints before it)."""
-    prelude = ["from __future__ import annotations", "import json, sys", "from typing import Any", "results = []"]
-    script = "\n".join([*prelude, inspect.getsource(_probe), body, "print(json.dumps(results))"])
+def _environment(**env: str) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if k not in {"LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS"}}
     environ.update(PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", **env)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=environ)
-    assert result.returncode == 0, f"subprocess failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    return environ
+
+
+@pytest.fixture(scope="module")
+def interpreters() -> Iterator[ForkServer]:
+    server = ForkServer(_environment())
+    yield server
+    server.close()
+
+
+def _fresh(interpreters: ForkServer, body: str, **env: str) -> list[dict[str, Any]]:
+    """Run ``body`` in a fresh import state (a child of the fork server) with ``_probe`` defined;
+    ``results.append(_probe())`` collects reports. Our JSON is the last stdout line (the CLI prints before it)."""
+    prelude = ["from __future__ import annotations", "import json, sys", "from typing import Any", "results = []"]
+    script = "\n".join([*prelude, inspect.getsource(_probe), body, "print(json.dumps(results))"])
+    result = interpreters.run(script, _environment(**env))
+    assert result.returncode == 0, f"script failed ({result.returncode}):\n{result.stderr[-4000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -143,24 +151,20 @@ def _order_body(source: str, order: tuple[str, ...]) -> str:
 
 
 def _order_cases() -> list[Any]:
-    cases = []
-    for source, order in itertools.product(ACTIVATIONS, ORDERS):
-        marks = []
-        if order not in FAST_ORDERS[source]:
-            marks.append(pytest.mark.slow)
-        cases.append(pytest.param(source, order, marks=marks, id=f"{source}-{'-'.join(order)}"))
-    return cases
+    return [pytest.param(source, order, id=f"{source}-{'-'.join(order)}")
+            for source, order in itertools.product(ACTIVATIONS, ORDERS)]
 
 
 @pytest.mark.parametrize(("source", "order"), _order_cases())
-def test_every_import_order_resolves_our_connector_and_patches(source: str, order: tuple[str, ...]) -> None:
-    (report,) = _fresh(_order_body(source, order))
+def test_every_import_order_resolves_our_connector_and_patches(interpreters: ForkServer, source: str,
+                                                                order: tuple[str, ...]) -> None:
+    (report,) = _fresh(interpreters, _order_body(source, order))
     # LMCache's adapter imports vLLM's factory, so the factory is loaded first unless activation comes first.
     assert report.pop("factory_before_activation") is (order[0] != "activate")
     _assert_active(report)
 
 
-def test_the_check_detects_the_old_hook_order() -> None:
+def test_the_check_detects_the_old_hook_order(interpreters: ForkServer) -> None:
     """The old bug put back (the hook registered while the state is not yet set, factory imported first):
     ``_assert_active`` must fail with vLLM's own error, so the cases above can fail."""
     body = "\n".join([
@@ -181,14 +185,14 @@ def test_the_check_detects_the_old_hook_order() -> None:
         f"import {ADAPTER}",
         "results.append(_probe())",
     ])
-    (report,) = _fresh(body)
+    (report,) = _fresh(interpreters, body)
     assert report["status_connectors"] == "waiting for vLLM"
     with pytest.raises(AssertionError, match=f"Unsupported connector type: {CONNECTOR_NAME}"):
         _assert_active(report)
 
 
 @pytest.mark.parametrize("submodule", ["layout", "kernels", "activation", "integration.vllm.connector"])
-def test_a_submodule_import_patches_nothing_until_activate(submodule: str) -> None:
+def test_a_submodule_import_patches_nothing_until_activate(interpreters: ForkServer, submodule: str) -> None:
     """Tools that use the layout math or kernels must not patch their process. A later ``import
     lmcache_platforms`` does not activate either (the package is already in ``sys.modules``); ``activate()``
     does, and then everything is in place although vLLM and LMCache were imported long before."""
@@ -202,17 +206,17 @@ def test_a_submodule_import_patches_nothing_until_activate(submodule: str) -> No
         "lmcache_platforms.activate()",
         "results.append(_probe())",
     ])
-    after_submodule, after_package_import, after_activate = _fresh(body)
+    after_submodule, after_package_import, after_activate = _fresh(interpreters, body)
     for report in (after_submodule, after_package_import):
         assert report["state"] is None, report
         _assert_untouched(report)
     _assert_active(after_activate)
 
 
-def test_disable_switch_through_vllm_plugin_loader_registers_and_patches_nothing() -> None:
+def test_disable_switch_through_vllm_plugin_loader_registers_and_patches_nothing(interpreters: ForkServer) -> None:
     body = "\n".join([f"import {FACTORY}", f"import {ADAPTER}", "import vllm.plugins",
                       "vllm.plugins.load_general_plugins()", "results.append(_probe())"])
-    (report,) = _fresh(body, LMCACHE_PLATFORMS_DISABLE="1")
+    (report,) = _fresh(interpreters, body, LMCACHE_PLATFORMS_DISABLE="1")
     assert report["state"] == {"activated": False, "disabled": True, "error": None}, report
     assert report["status_patches"] == 0, report
     _assert_untouched(report)

@@ -128,8 +128,8 @@ def test_ci_run_is_make_test_with_ci_set(tmp_path: Path) -> None:
 @pytest.mark.parametrize("ci_value", ["true", ""])
 def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path: Path, ci_value: str) -> None:
     """The real Makefile over a stub venv (its set-up stamp fresh, so nothing is installed): ruff, the import
-    contracts, mypy and pytest run in that order, pytest with the fixed hash seed and no usage tracking, and
-    CI passes through untouched, whatever the caller's environment held."""
+    contracts, mypy and pytest run in that order, pytest on two xdist workers with the fixed hash seed and no
+    usage tracking, and CI passes through untouched, whatever the caller's environment held."""
     venv, log = tmp_path / "venv", tmp_path / "calls"
     (venv / "bin").mkdir(parents=True)
     for name in ("python", "lint-imports", "redis-server"):
@@ -144,5 +144,6 @@ def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path:
         f"python -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts {plain}",
         f"lint-imports --no-cache {plain}",
         f"python -m mypy {plain}",
-        f"python -m pytest -q --durations=15 CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
+        "python -m pytest -q -n 2 --dist loadgroup --durations=15 "
+        f"CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
     ]

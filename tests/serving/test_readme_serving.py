@@ -52,7 +52,10 @@ def test_readme_block_is_the_documented_command() -> None:
 def test_readme_serving_command_hits_lmcache_in_a_fresh_server(tmp_path: Path) -> None:
     if not _port_free(DEFAULT_PORT):
         pytest.fail(f"port {DEFAULT_PORT} is taken: the README's command (vLLM's default port) cannot be tested")
-    model = ensure_model(TINY_MODEL)
+    # Served through a link in this test's folder, so that only this test's processes name it (test workers
+    # serve the same model at once).
+    model = tmp_path / "model"
+    model.symlink_to(ensure_model(TINY_MODEL))
     script = readme_serving_block().replace("MODEL", shlex.quote(str(model)))
     config = tmp_path / "lmcache.yaml"
     config.write_text(lmcache_yaml(CHUNK, tmp_path / "store", cpu_gib=0.5))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -106,8 +108,25 @@ def ensure_model(
     config.architectures = ["Gemma3ForCausalLM"]
     torch.manual_seed(spec.seed)
     model = Gemma3ForCausalLM(config).bfloat16()
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    save_word_tokenizer(folder, spec.vocab_size)
-    (folder / DONE_MARKER).write_text(json.dumps(asdict(spec)))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=folder.parent))
+    try:
+        model.save_pretrained(staging)
+        save_word_tokenizer(staging, spec.vocab_size)
+        (staging / DONE_MARKER).write_text(json.dumps(asdict(spec)))
+        _publish(staging, folder, spec)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _publish(staging: Path, folder: Path, spec: ModelSpec) -> None:
+    """Moves a complete model into place in one rename, so that processes creating the same model at once (test
+    workers) never read another's half-written files; the first to finish wins, an incomplete leftover goes."""
+    try:
+        staging.rename(folder)
+    except OSError:
+        if _is_complete(folder, spec):
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
