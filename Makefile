@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-$(PLATFORM)
 TEST_ENV := PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false
 # Two pytest-xdist workers (the CI machine has two cores; most of the suite's time is spent in engines and
 # servers that start single-threaded); `make test PYTEST_WORKERS=` runs in one process.
-PYTEST_WORKERS ?= -n 2 --dist loadgroup
+PYTEST_WORKERS ?= -n 2 --no-loadscope-reorder
 
 .PHONY: setup test device-check demo lint clean
 

@@ -1,5 +1,5 @@
 """Hypothesis profiles for the whole suite, loaded before any test module builds its ``settings``; and how the
-suite is spread over pytest-xdist workers (``make test`` runs ``-n 2 --dist loadgroup``).
+suite is spread over pytest-xdist workers (``make test`` runs ``-n 2 --no-loadscope-reorder``).
 
 ``ci`` (the default, what ``make test`` runs) is derandomized: every run draws the same examples, so a
 failure in CI reproduces on any machine with the same code and the same Hypothesis, and no example
@@ -15,6 +15,7 @@ that name ``max_examples`` themselves keep their own count.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -37,15 +38,26 @@ settings.register_profile("thorough", parent=settings.get_profile("dev"), max_ex
 settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
 
 
-@pytest.hookimpl(tryfirst=True)
+# Modules whose tests share no module-scoped fixture and each start their own servers or fork-server children:
+# spread test by test over the workers. Every other module runs whole on one worker, which builds its
+# module-scoped fixtures (engines, served runs) once.
+SPREAD_MODULES = {"tests/serving/test_upstream_names.py", "tests/test_import_orders.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests (real engines and servers) first, so that the workers finish together instead of one running
-    the last server alone; and a module whose tests share a module-scoped fixture (an engine, a served run) kept
-    on one worker (an ``xdist_group``), which builds the fixture once. Other tests spread one by one. Runs before
-    xdist reads the groups."""
+    the last server alone (``make test`` keeps this order: ``--no-loadscope-reorder``)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is not None and any(fixture.scope == "module" for fixtures in info.name2fixturedefs.values()
-                                    for fixture in fixtures):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scope scheduling with modules as scopes, but for ``SPREAD_MODULES``. (Its ``loadgroup``
+    marks do nothing under pytest 9: xdist 3.8 renames the items' ``_nodeid``, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if module in SPREAD_MODULES else module
+
+    return ModuleScheduling(config, log)

@@ -26,12 +26,11 @@ import inspect
 import itertools
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.fork_server import ForkServer
+from tests.fork_server import run_script
 
 FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
@@ -99,19 +98,12 @@ def _environment(**env: str) -> dict[str, str]:
     return environ
 
 
-@pytest.fixture(scope="module")
-def interpreters() -> Iterator[ForkServer]:
-    server = ForkServer(_environment())
-    yield server
-    server.close()
-
-
-def _fresh(interpreters: ForkServer, body: str, **env: str) -> list[dict[str, Any]]:
+def _fresh(body: str, **env: str) -> list[dict[str, Any]]:
     """Run ``body`` in a fresh import state (a child of the fork server) with ``_probe`` defined;
     ``results.append(_probe())`` collects reports. Our JSON is the last stdout line (the CLI prints before it)."""
     prelude = ["from __future__ import annotations", "import json, sys", "from typing import Any", "results = []"]
     script = "\n".join([*prelude, inspect.getsource(_probe), body, "print(json.dumps(results))"])
-    result = interpreters.run(script, _environment(**env))
+    result = run_script(script, _environment(**env), timeout=300)
     assert result.returncode == 0, f"script failed ({result.returncode}):\n{result.stderr[-4000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -156,15 +148,15 @@ def _order_cases() -> list[Any]:
 
 
 @pytest.mark.parametrize(("source", "order"), _order_cases())
-def test_every_import_order_resolves_our_connector_and_patches(interpreters: ForkServer, source: str,
+def test_every_import_order_resolves_our_connector_and_patches(source: str,
                                                                 order: tuple[str, ...]) -> None:
-    (report,) = _fresh(interpreters, _order_body(source, order))
+    (report,) = _fresh(_order_body(source, order))
     # LMCache's adapter imports vLLM's factory, so the factory is loaded first unless activation comes first.
     assert report.pop("factory_before_activation") is (order[0] != "activate")
     _assert_active(report)
 
 
-def test_the_check_detects_the_old_hook_order(interpreters: ForkServer) -> None:
+def test_the_check_detects_the_old_hook_order() -> None:
     """The old bug put back (the hook registered while the state is not yet set, factory imported first):
     ``_assert_active`` must fail with vLLM's own error, so the cases above can fail."""
     body = "\n".join([
@@ -185,14 +177,14 @@ def test_the_check_detects_the_old_hook_order(interpreters: ForkServer) -> None:
         f"import {ADAPTER}",
         "results.append(_probe())",
     ])
-    (report,) = _fresh(interpreters, body)
+    (report,) = _fresh(body)
     assert report["status_connectors"] == "waiting for vLLM"
     with pytest.raises(AssertionError, match=f"Unsupported connector type: {CONNECTOR_NAME}"):
         _assert_active(report)
 
 
 @pytest.mark.parametrize("submodule", ["layout", "kernels", "activation", "integration.vllm.connector"])
-def test_a_submodule_import_patches_nothing_until_activate(interpreters: ForkServer, submodule: str) -> None:
+def test_a_submodule_import_patches_nothing_until_activate(submodule: str) -> None:
     """Tools that use the layout math or kernels must not patch their process. A later ``import
     lmcache_platforms`` does not activate either (the package is already in ``sys.modules``); ``activate()``
     does, and then everything is in place although vLLM and LMCache were imported long before."""
@@ -206,17 +198,17 @@ def test_a_submodule_import_patches_nothing_until_activate(interpreters: ForkSer
         "lmcache_platforms.activate()",
         "results.append(_probe())",
     ])
-    after_submodule, after_package_import, after_activate = _fresh(interpreters, body)
+    after_submodule, after_package_import, after_activate = _fresh(body)
     for report in (after_submodule, after_package_import):
         assert report["state"] is None, report
         _assert_untouched(report)
     _assert_active(after_activate)
 
 
-def test_disable_switch_through_vllm_plugin_loader_registers_and_patches_nothing(interpreters: ForkServer) -> None:
+def test_disable_switch_through_vllm_plugin_loader_registers_and_patches_nothing() -> None:
     body = "\n".join([f"import {FACTORY}", f"import {ADAPTER}", "import vllm.plugins",
                       "vllm.plugins.load_general_plugins()", "results.append(_probe())"])
-    (report,) = _fresh(interpreters, body, LMCACHE_PLATFORMS_DISABLE="1")
+    (report,) = _fresh(body, LMCACHE_PLATFORMS_DISABLE="1")
     assert report["state"] == {"activated": False, "disabled": True, "error": None}, report
     assert report["status_patches"] == 0, report
     _assert_untouched(report)

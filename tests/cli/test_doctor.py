@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 from lmcache_platforms.cli import doctor
+from tests.fork_server import run_module
 
 VERSION_KEYS = {"python", "torch", "lmcache", "vllm", "vllm_ascend", "torch_npu", "ipex", "triton"}
 
 
 def _doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lmcache_platforms.cli.main", "doctor", *args],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    return run_module("lmcache_platforms.cli.main", ["doctor", *args], {**os.environ, **env}, timeout=120)
 
 
 def test_json_report_has_the_documented_keys():
@@ -73,9 +72,8 @@ def test_refused_activation_exits_1_with_the_reason(tmp_path):
     """A real refusal (package metadata says lmcache 0.4.0, tests/shadow_dist.py): exit 1, one stderr line."""
     from tests.shadow_dist import env_with, shadow_distribution
 
-    result = subprocess.run([sys.executable, "-m", "lmcache_platforms.cli.main", "doctor", "--json"],
-                            capture_output=True, text=True, timeout=120,
-                            env=env_with(shadow_distribution(tmp_path, "lmcache", "0.4.0")))
+    result = run_module("lmcache_platforms.cli.main", ["doctor", "--json"],
+                        env_with(shadow_distribution(tmp_path, "lmcache", "0.4.0")), timeout=120)
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["activated"] is False and report["versions"]["lmcache"] == "0.4.0"

@@ -144,6 +144,6 @@ def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path:
         f"python -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts {plain}",
         f"lint-imports --no-cache {plain}",
         f"python -m mypy {plain}",
-        "python -m pytest -q -n 2 --dist loadgroup --durations=15 "
+        "python -m pytest -q -n 2 --no-loadscope-reorder --durations=15 "
         f"CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
     ]

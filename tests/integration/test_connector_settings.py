@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
 from vllm.v1.request import Request
 
 from lmcache_platforms.integration.vllm import health
+from tests.fork_server import run_module
 from tests.integration.specs import gemma_like, group, mamba
 from tests.integration.test_end_to_end import PROMPT, TABLE_A, admit
 from tests.integration.vllm_env import vllm_config
@@ -45,8 +44,7 @@ def test_use_layerwise_and_a_bad_mode_are_refused_by_the_vllm_connector(model_di
     """In a subprocess: see tests/integration/vllm_refusals.py."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("LMCACHE_PLATFORMS_MODE", None)
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.vllm_refusals", str(model_dir)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = run_module("tests.integration.vllm_refusals", [str(model_dir)], env, REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     refused = json.loads(proc.stdout.strip().splitlines()[-1])
     assert refused["use_layerwise"] is not None

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,9 +20,8 @@ pytestmark = pytest.mark.slow
 
 def test_fp8_cache_round_trips_through_lmcache() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.upstream_names_run", str(ensure_model(TINY_MODEL)),
-                           "LMCachePlatformsConnector", "--fp8"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=400)
+    proc = run_module("tests.integration.upstream_names_run",
+                      [str(ensure_model(TINY_MODEL)), "LMCachePlatformsConnector", "--fp8"], env, REPO, timeout=400)
     if "FP8 KV cache on CPU requires" in proc.stderr:
         pytest.skip("vLLM's CPU backend keeps fp8 caches only on x86 with AVX-512 or AMX")
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fork_server import run_module
 from tests.integration.recurrent_model import ensure_tiny_qwen3_next
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,9 +30,9 @@ E = PREFIX  # the whole prompt is stored: a hit must stop a chunk short (vLLM co
 def run_pass(model: Path, store: Path, mode: str, prompts: list[list[int]], skip_groups: str = "",
              max_num_batched_tokens: int = 256) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.recurrent_run", str(model), str(store), mode,
-                           skip_groups, str(max_num_batched_tokens)], input=json.dumps(prompts), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=400)
+    proc = run_module("tests.integration.recurrent_run",
+                      [str(model), str(store), mode, skip_groups, str(max_num_batched_tokens)], env, REPO,
+                      timeout=400, input=json.dumps(prompts))
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1]) | {"log": proc.stderr}
     assert not any(e["degraded"] for e in result["health"])

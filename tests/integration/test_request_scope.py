@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from lmcache_platforms.integration.vllm.request_scope import (
     request_scope,
     scoped_configs,
 )
+from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 HIT = 256  # 300 prompt tokens: 4 whole chunks of 64 (the last token is always computed)
@@ -88,8 +87,7 @@ def write_adapter(folder: Path, num_layers: int, hidden: int, kv_width: int, ran
 
 def run(model: Path, options: dict) -> list[dict]:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.scope_run", str(model), json.dumps(options)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    proc = run_module("tests.integration.scope_run", [str(model), json.dumps(options)], env, REPO, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lmcache_platforms.tools.demo.model import TINY_DENSE_MODEL, TINY_MODEL, ModelSpec, ensure_model
+from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,8 +26,8 @@ pytestmark = pytest.mark.slow
 
 def _run(model: ModelSpec, connector: str, *flags: str, **extra_env: str) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO), **extra_env}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.upstream_names_run", str(ensure_model(model)),
-                           connector, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    proc = run_module("tests.integration.upstream_names_run", [str(ensure_model(model)), connector, *flags], env,
+                      REPO, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

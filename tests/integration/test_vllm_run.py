@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,7 @@ def test_second_run_hits_lmcache_and_matches(extra):
 
     model = ensure_model(TINY_MODEL)
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.vllm_run", str(model), json.dumps(extra)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    proc = run_module("tests.integration.vllm_run", [str(model), json.dumps(extra)], env, REPO, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["hma"] is True

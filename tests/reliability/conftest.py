@@ -7,14 +7,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.ci import missing
+from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 # Every prompt a scenario of tests/reliability uses (fault_run.prompt builds it from its name).
@@ -47,8 +46,8 @@ def run_engine(spec: dict[str, Any], workdir: Path, env: dict[str, str] | None =
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environ.get("PYTHONPATH", "")) if p)
     log = workdir / "engine.log"
     with log.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "tests.reliability.fault_run", str(spec_path)], cwd=REPO,
-                              env=environ, stdout=subprocess.PIPE, stderr=out, text=True, timeout=500)
+        proc = run_module("tests.reliability.fault_run", [str(spec_path)], environ, REPO, timeout=500)
+        out.write(proc.stderr)
     assert proc.returncode == 0, log.read_text()[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

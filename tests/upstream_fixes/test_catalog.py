@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from lmcache_platforms.patching.registry import PatchState
 from lmcache_platforms.upstream_fixes.catalog import PATCHES
 from tests.delivery.pins import pins
 from tests.delivery.upstream import source_tree
+from tests.fork_server import run_module
 from tests.upstream_fixes.catalog_check import check_patch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,8 +33,7 @@ def _check_in_subprocess(patch, absent: list[str]) -> dict:
     trees = [str(source_tree(SOURCES[m][0], pins()[SOURCES[m][1]])) for m in absent]
     # Only our vLLM plugin: vllm-ascend's platform plugin (found through the tree's egg-info) needs torch_npu.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*trees, str(REPO)]), "VLLM_PLUGINS": "lmcache_platforms"}
-    proc = subprocess.run([sys.executable, "-m", "tests.upstream_fixes.catalog_check", patch.target], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_module("tests.upstream_fixes.catalog_check", [patch.target], env, REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
