@@ -26,7 +26,7 @@ class UpstreamName:
 
 
 _V1_IMPL = "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"
-_ENGINE_IMPL = "integration/vllm/engine_impl.py"
+_IMPL = "integration/vllm/"
 
 UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # vLLM's connector factory: vllm-ascend's entry for its LMCache name is replaced in the private registry
@@ -35,18 +35,21 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
                  "integration/vllm/ascend_registration.py"),
     # vLLM's connector base class: our engine impl reads the parent's per-step metadata and cache config.
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_get_connector_metadata",
-                 _ENGINE_IMPL),
+                 _IMPL + "worker_side.py"),
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_kv_cache_config",
-                 _ENGINE_IMPL, instance=True),
+                 _IMPL + "impl_state.py", instance=True),
     # vLLM's connector metrics base class: our Prometheus families are built with the metric classes it was given.
     *(UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.metrics:KVConnectorPromMetrics", name,
                    "integration/vllm/stats.py", instance=True) for name in ("_counter_cls", "_histogram_cls")),
-    # LMCache's vLLM adapter: MultiGroupConnectorImpl subclasses it and uses its private state.
-    UpstreamName(_V1_IMPL, "_init_connector_state", _ENGINE_IMPL),
-    *(UpstreamName(_V1_IMPL, name, _ENGINE_IMPL, instance=True) for name in (
-        "_parent", "_vllm_config", "_manager", "_block_size", "_lmcache_chunk_size", "_discard_partial_chunks",
-        "_request_trackers", "_unfinished_requests", "_requests_priority", "_invalid_block_ids",
-        "_stats_monitor")),
+    # LMCache's vLLM adapter: MultiGroupConnectorImpl subclasses it (through impl_state.ImplState) and uses its
+    # private state, each name where it is read first.
+    UpstreamName(_V1_IMPL, "_init_connector_state", _IMPL + "impl_state.py"),
+    *(UpstreamName(_V1_IMPL, name, _IMPL + module, instance=True) for name, module in (
+        ("_parent", "impl_state.py"), ("_block_size", "impl_state.py"), ("_vllm_config", "lifecycle.py"),
+        ("_manager", "engine_impl.py"), ("_lmcache_chunk_size", "lifecycle.py"),
+        ("_discard_partial_chunks", "scheduler_side.py"), ("_request_trackers", "scheduler_side.py"),
+        ("_unfinished_requests", "scheduler_side.py"), ("_requests_priority", "scheduler_side.py"),
+        ("_invalid_block_ids", "worker_side.py"), ("_stats_monitor", "worker_side.py"))),
     # LMCache's manager: its silent "degraded mode" flag and reason.
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed", "integration/vllm/health.py", instance=True),
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed_reason", "integration/vllm/health.py",

@@ -14,9 +14,9 @@ WARNING = "kv_load_failure_policy is 'fail'"
 
 
 @pytest.fixture
-def engine_impl():
+def scheduler_side():
     importlib.import_module("lmcache.integration.vllm.vllm_v1_adapter")  # first, as the connector does
-    module = importlib.import_module("lmcache_platforms.integration.vllm.engine_impl")
+    module = importlib.import_module("lmcache_platforms.integration.vllm.scheduler_side")
     module._policy_warned = False
     yield module
     module._policy_warned = False
@@ -41,17 +41,17 @@ def with_policy(model_dir, policy: str | None):
     return config
 
 
-def test_vllms_default_policy_warns_once_naming_the_setting(engine_impl, records, model_dir) -> None:
+def test_vllms_default_policy_warns_once_naming_the_setting(scheduler_side, records, model_dir) -> None:
     config = with_policy(model_dir, None)
     assert config.kv_transfer_config.kv_load_failure_policy == "fail"  # vLLM's default
-    engine_impl.warn_about_failure_policy(config, hits_allowed=True)
-    engine_impl.warn_about_failure_policy(config, hits_allowed=True)
+    scheduler_side.warn_about_failure_policy(config, hits_allowed=True)
+    scheduler_side.warn_about_failure_policy(config, hits_allowed=True)
     (message,) = warnings(records)
     assert '"kv_load_failure_policy": "recompute"' in message
 
 
 @pytest.mark.parametrize(("policy", "hits_allowed"), [("recompute", True), ("fail", False)])
-def test_no_warning_when_recomputing_or_when_no_hit_is_ever_claimed(engine_impl, records, model_dir, policy: str,
+def test_no_warning_when_recomputing_or_when_no_hit_is_ever_claimed(scheduler_side, records, model_dir, policy: str,
                                                                    hits_allowed: bool) -> None:
-    engine_impl.warn_about_failure_policy(with_policy(model_dir, policy), hits_allowed=hits_allowed)
+    scheduler_side.warn_about_failure_policy(with_policy(model_dir, policy), hits_allowed=hits_allowed)
     assert warnings(records) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lmcache.v1.config import LMCacheEngineConfig
 
-from lmcache_platforms.integration.vllm.engine_impl import whole_chunk_reader
+from lmcache_platforms.integration.vllm.lifecycle import whole_chunk_reader
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize

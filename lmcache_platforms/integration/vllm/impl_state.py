@@ -1,0 +1,114 @@
+"""What the sides of our engine impl share: the group plan, settings, layout, sleep state, loads and statistics.
+
+``MultiGroupConnectorImpl`` (``engine_impl.py``) combines three parts over this base, each in its own module:
+``scheduler_side.py`` (lookups, allocation, per-step metadata), ``worker_side.py`` (loads and saves) and
+``lifecycle.py`` (registering the KV caches, sleep mode, reset, shutdown). The scheduler and worker parts never
+import each other (an import-linter contract in ``pyproject.toml``); what both need lives here, set once in
+``_init_connector_state``, and each part adds its own state in its own override of that method.
+
+Import order: this module subclasses upstream's ``LMCacheConnectorV1Impl``, and importing upstream's adapter
+fires our patch of that name, which imports ``engine_impl``. Import the adapter first (the connector does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl
+
+from lmcache_platforms.config import PlatformSettings, connector_settings
+from lmcache_platforms.connector.binding import LayoutBinding
+from lmcache_platforms.connector.protocol import LayoutConnector
+from lmcache_platforms.integration.vllm.async_loads import AsyncLoads
+from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
+from lmcache_platforms.integration.vllm.model_identity import ModelIdentity, model_identity
+from lmcache_platforms.integration.vllm.recurrent import StepSettings
+from lmcache_platforms.integration.vllm.stats import StatsRecorder
+from lmcache_platforms.integration.vllm.wrapper_contract import WrapperContract, contract_of
+from lmcache_platforms.layout.kv_layout import KVLayout
+
+if TYPE_CHECKING:
+    from lmcache.v1.config import LMCacheEngineConfig
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+
+def _settings(lmcache_config: LMCacheEngineConfig, vllm_config: VllmConfig) -> PlatformSettings:
+    """Our keys as the GPU connector reads them: vLLM's ``kv_connector_extra_config`` over the environment over
+    LMCache's ``extra_config``."""
+    return connector_settings(lmcache_config, getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config",
+                                                      None))
+
+
+def _reports_failed_loads() -> bool:
+    """Whether this vLLM takes per-request load failures (``KVConnectorTransferResults.failed_recving``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    return hasattr(base, "KVConnectorTransferResults")
+
+
+class ImplState(LMCacheConnectorV1Impl):
+    """Upstream's impl plus the state every part of ours reads; the parts add methods and their own state."""
+
+    # Set by upstream's __init__; typed here since LMCache ships no type information.
+    kv_caches: dict[str, Any]
+    layerwise_retrievers: list[Any]
+
+    settings: PlatformSettings
+    model: ModelIdentity
+    plan: GroupPlan
+    contract: WrapperContract
+    waits_for_loads: bool
+    loads: AsyncLoads
+    stats: StatsRecorder
+    layout: KVLayout | None
+    """The layout bound to our GPU connector (None before registering, in degraded mode, or nothing saved)."""
+    _num_blocks: int | None
+    _key_tags: dict[str, str]
+    """What every store, load and lookup adds to LMCache's keys (layout, cache dtype, model identity)."""
+    _kv_unregistered: bool
+    """vLLM 0.33 sleep mode: the KV caches may be unmapped while this is set (``lifecycle``)."""
+    _skips_logged: bool
+    _generation: str
+    """The scope generation a prefix-cache reset bumps (``request_scope``): set by the lifecycle, read by the
+    scheduler side."""
+
+    def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
+                              config: LMCacheEngineConfig) -> None:
+        super()._init_connector_state(role, vllm_config, config)
+        self.settings = _settings(config, vllm_config)
+        self.model = model_identity(vllm_config.model_config, self.settings.model_revision)
+        kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
+        if kv_cache_config is None:
+            self.plan = single_group_plan(self._block_size)
+            self._num_blocks = None
+        else:
+            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings,
+                                    StepSettings.from_vllm(vllm_config, config.chunk_size))
+            self._num_blocks = kv_cache_config.num_blocks
+        self.layout = None
+        self._key_tags = {}
+        self._kv_unregistered = False
+        self._skips_logged = False
+        self._generation = ""
+        # Loads in vLLM's wait state: needs a wrapper that carries them and vLLM's per-request failure report
+        # (0.32+; 0.23 has none).
+        self.contract = contract_of(self._parent)
+        self.waits_for_loads = self.contract.loads_wait and _reports_failed_loads() and (
+            self.settings.load_mode == "async" or self.plan.multi_group)
+        self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
+        # What vLLM's stats line and /metrics show (taken by the connector every step).
+        self.stats = StatsRecorder()
+
+    @property
+    def hits_allowed(self) -> bool:
+        """The plan allows hits and the wrapper can carry them."""
+        return self.plan.hits_allowed and self.contract.refuses(self.plan.multi_group) is None
+
+    def why_no_hits(self) -> str:
+        return self.contract.refuses(self.plan.multi_group) or self.plan.why_no_hits()
+
+    def _binding(self) -> LayoutBinding | None:
+        """Our GPU connector's binding (None in degraded mode, with upstream's connector, or before binding)."""
+        connector = getattr(self.lmcache_engine, "gpu_connector", None)
+        return connector.binding if isinstance(connector, LayoutConnector) else None

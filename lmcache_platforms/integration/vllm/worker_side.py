@@ -1,0 +1,199 @@
+"""Our engine impl's worker side: loads (in the step that computes a request, or while it waits: ``async_loads``)
+and saves, each with every group's block ids and the key tags, counted in the statistics.
+
+While the KV caches are unregistered (vLLM sleep mode, ``lifecycle``) a save is skipped and a load reported
+failed: nothing is copied into memory that may be unmapped.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults
+from lmcache_platforms.integration.vllm.impl_state import ImplState
+from lmcache_platforms.integration.vllm.key_tags import with_tags
+from lmcache_platforms.integration.vllm.request_meta import RequestMeta
+from lmcache_platforms.log import init_logger
+
+if TYPE_CHECKING:
+    from lmcache.v1.cache_engine import LMCacheEngine
+    from vllm.forward_context import ForwardContext
+
+logger = init_logger(__name__)
+
+
+class WorkerSide(ImplState):
+    """What vLLM's workers call each step: bind the step's metadata, load, save, report finished loads."""
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
+        self.current_layer = 0
+        self.layerwise_retrievers = []
+
+    def _transfer_kwargs(self, meta: RequestMeta, block_ids: Any) -> dict[str, Any]:
+        """What our GPU connector reads (see ``lmcache_platforms.connector.request``), plus the key tags."""
+        return {"block_ids": block_ids, "request_configs": with_tags(meta.request_configs, self._key_tags),
+                "req_id": meta.req_id}
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self.current_layer = 0
+        engine = self.lmcache_engine
+        if engine is None:
+            return
+        metadata = self._parent._get_connector_metadata()
+        for request in metadata.requests:
+            spec = request.load_spec
+            if spec is None or not spec.can_load:
+                continue
+            if self._kv_unregistered:
+                self._skip_load(engine, request)
+            elif request.load_while_waiting:
+                self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
+                                  wait=self.settings.load_mode == "sync")
+            else:
+                first = self.loads.call(request.req_id, partial(self._load_one, engine, request),
+                                        on_failure=spec.vllm_cached_tokens)
+                if first is not None:
+                    self._fail_load(request, first, spec.lmcache_cached_tokens)
+
+    def _skip_load(self, engine: LMCacheEngine, request: RequestMeta) -> None:
+        """A load while the KV caches are unregistered (vLLM stepped before restore_kv_caches): nothing is
+        copied into memory that may be unmapped, and the load is reported failed (per request, or per block for
+        a single-group model's same-step load), so vLLM recomputes rather than decode from rows never loaded."""
+        spec = request.load_spec
+        assert spec is not None
+        if not self.async_loading:
+            engine.lookup_unpin(request.req_id)
+        logger.error("request %s: not loading tokens [%d, %d): the KV caches are unregistered (vLLM sleep mode) "
+                     "and restore_kv_caches was not called", request.req_id, spec.vllm_cached_tokens,
+                     spec.lmcache_cached_tokens)
+        if request.load_while_waiting:
+            self.loads.fail(request.req_id)
+        else:
+            self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
+
+    def _load_waiting(self, engine: LMCacheEngine, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
+        """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
+        return self._load_one(engine, request, guard) is None
+
+    def _load_one(self, engine: LMCacheEngine, request: RequestMeta, guard: LoadGuard) -> int | None:
+        """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
+        Runs on the loader thread; never raises for a load that came back short."""
+        spec = request.load_spec
+        assert spec is not None
+        num_tokens = spec.lmcache_cached_tokens
+        if len(request.token_ids) < num_tokens:
+            raise RuntimeError(f"request {request.req_id}: {num_tokens} tokens to load but only "
+                               f"{len(request.token_ids)} token ids tracked")
+        chunk = self._lmcache_chunk_size
+        mask = torch.ones(num_tokens, dtype=torch.bool)
+        skipped = spec.vllm_cached_tokens // chunk * chunk
+        mask[:skipped] = False
+        self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
+        self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
+        binding = self._binding()
+        bytes_before = binding.counters.bytes_loaded if binding is not None else 0
+        chunks_before = binding.counters.chunks_loaded if binding is not None else 0
+        started = time.perf_counter()
+        try:
+            ret_mask = engine.retrieve(
+                request.token_ids[:num_tokens],
+                mask,
+                vllm_cached_tokens=spec.vllm_cached_tokens,
+                load_guard=guard,
+                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)),
+            )
+        finally:
+            if not self.async_loading:
+                engine.lookup_unpin(request.req_id)
+            self.stats.timing("load_seconds", time.perf_counter() - started)
+            if binding is not None:
+                self.stats.count("bytes_loaded", binding.counters.bytes_loaded - bytes_before)
+                self.stats.count("chunks_loaded", binding.counters.chunks_loaded - chunks_before)
+        if guard.failure is not None:
+            logger.error("request %s: LMCache load of %d tokens failed: %s", request.req_id, int(mask.sum()),
+                         guard.failure)
+            return skipped
+        missing = mask & ~ret_mask.to(device="cpu", dtype=torch.bool)
+        if not bool(missing.any()):
+            if binding is not None:
+                logger.info("request %s: loaded tokens [%d, %d) from LMCache, %d bytes read", request.req_id,
+                            skipped, num_tokens, binding.counters.bytes_loaded - bytes_before)
+            return None
+        first = int(torch.nonzero(missing)[0])
+        logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d",
+                     request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first)
+        return first
+
+    def _fail_load(self, request: RequestMeta, first: int, num_tokens: int) -> None:
+        """A single-group model's synchronous load did not fully arrive: its blocks holding tokens
+        ``[first, num_tokens)`` go to vLLM, which recomputes or fails the request."""
+        self.stats.count("loads_failed")
+        if self.plan.multi_group:
+            raise RuntimeError(
+                f"request {request.req_id}: a load of a model with {len(self.plan.saved)} KV-cache groups ran in "
+                "the step that computes it, where vLLM cannot be told it failed (this vLLM has no "
+                f"failed_recving); tokens [{first}, {num_tokens}) never arrived")
+        self._invalid_block_ids.update(request.failed_blocks(first, num_tokens))
+
+    def get_transfer_results(self) -> LoadResults:
+        """Wait-state loads that ended since the last step (failed ones are also in ``finished``)."""
+        results = self.loads.poll()
+        self.stats.count("loads_failed", len(results.failed))
+        return results
+
+    def wait_for_save(self) -> None:
+        engine = self.lmcache_engine
+        if engine is None:
+            return
+        metadata = self._parent._get_connector_metadata()
+        for request in metadata.requests:
+            if request.load_while_waiting:
+                continue  # its load (maybe still running) releases its pins; it saves once scheduled
+            engine.lookup_unpin(request.req_id)
+            if self.kv_role == "kv_consumer":
+                continue
+            if self._kv_unregistered:
+                self._log_skipped_save(request.req_id)
+                continue
+            spec = request.save_spec
+            if spec is None or not spec.can_save:
+                continue
+            start = spec.skip_leading_tokens // self._lmcache_chunk_size * self._lmcache_chunk_size
+            end = spec.num_tokens
+            if start >= end:
+                continue
+            mask = torch.ones(end, dtype=torch.bool)
+            mask[:start] = False
+            binding = self._binding()
+            bytes_before = binding.counters.bytes_stored if binding is not None else 0
+            chunks_before = binding.counters.chunks_stored if binding is not None else 0
+            started = time.perf_counter()
+            engine.store(
+                request.token_ids[:end],
+                mask=mask,
+                offset=start,
+                **self._transfer_kwargs(request, request.block_ids),
+            )
+            if binding is None:
+                continue
+            self.stats.timing("store_seconds", time.perf_counter() - started)
+            self.stats.count("bytes_stored", binding.counters.bytes_stored - bytes_before)
+            self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
+            if binding.counters.bytes_stored > bytes_before:
+                logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written", request.req_id,
+                            start, end, binding.counters.bytes_stored - bytes_before)
+
+    def _log_skipped_save(self, req_id: str) -> None:
+        """A skipped save costs a future cache miss only, so it is logged (once per sleep), not raised."""
+        if self._skips_logged:
+            logger.debug("request %s: not saved, the KV caches are unregistered", req_id)
+            return
+        self._skips_logged = True
+        logger.warning("request %s: not saving to LMCache: the KV caches are unregistered (vLLM sleep mode) and "
+                       "restore_kv_caches was not called; saves are skipped until it is", req_id)
+
