@@ -41,6 +41,14 @@ UNTOUCHED = ("lmcache", "vllm.distributed.kv_transfer")
 RUN_ONLY = ("LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS")
 
 
+def clean_environment(**env: str) -> dict[str, str]:
+    """This process's environment without the run-only switches, with a fixed hash seed and no usage tracking, and
+    ``env`` on top: the server's own environment, and a run's base."""
+    environ = {k: v for k, v in os.environ.items() if k not in RUN_ONLY}
+    environ.update(PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", **env)
+    return environ
+
+
 def _child(request: dict[str, Any]) -> None:
     """In the forked child: set the run up, run it, and leave by SystemExit like an interpreter's main module."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -95,8 +103,7 @@ class ForkServer:
 
     def __init__(self) -> None:
         self._folder = Path(tempfile.mkdtemp(prefix="fork-server-"))
-        env = {k: v for k, v in os.environ.items() if k not in RUN_ONLY}
-        env.update(PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false")
+        env = clean_environment()
         with open(self._folder / "server.err", "w") as errors:
             self._process = subprocess.Popen([sys.executable, "-c", Path(__file__).read_text()], env=env, text=True,
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)

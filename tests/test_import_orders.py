@@ -25,12 +25,11 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-import os
 from typing import Any
 
 import pytest
 
-from tests.fork_server import run_script
+from tests.fork_server import clean_environment, run_script
 
 FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
@@ -92,18 +91,12 @@ def _probe() -> dict[str, Any]:
     return report
 
 
-def _environment(**env: str) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if k not in {"LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS"}}
-    environ.update(PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", **env)
-    return environ
-
-
 def _fresh(body: str, **env: str) -> list[dict[str, Any]]:
     """Run ``body`` in a fresh import state (a child of the fork server) with ``_probe`` defined;
     ``results.append(_probe())`` collects reports. Our JSON is the last stdout line (the CLI prints before it)."""
     prelude = ["from __future__ import annotations", "import json, sys", "from typing import Any", "results = []"]
     script = "\n".join([*prelude, inspect.getsource(_probe), body, "print(json.dumps(results))"])
-    result = run_script(script, _environment(**env), timeout=300)
+    result = run_script(script, clean_environment(**env), timeout=300)
     assert result.returncode == 0, f"script failed ({result.returncode}):\n{result.stderr[-4000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
