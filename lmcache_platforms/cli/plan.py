@@ -39,8 +39,8 @@ def _table(summary: dict[str, Any]) -> str:
     )
     snapshots = summary["snapshot_groups"]
     if snapshots:
-        lines.append(f"snapshot groups {', '.join(map(str, snapshots))}: each chunk carries the recurrent state at its "
-                     "end (one row); whole chunks only")
+        lines.append(f"snapshot groups {', '.join(map(str, snapshots))}: a chunk carries the recurrent state at its "
+                     "end (one row) where the caller kept one; whole chunks only")
     return "\n".join(lines)
 
 

@@ -7,6 +7,8 @@ remote) holds, evicts and returns them independently. ``install_parts`` wraps on
 ``store``, ``retrieve`` and ``lookup``:
 
 - ``store`` stores every part of every chunk (any chunk may end a later hit): the same bytes as one object;
+  given ``state_ends``, a part carrying a snapshot group only for the chunks ending there (a recurrent state
+  exists only where the caller says it was kept; ``store_chunks_ending_at``);
 - ``lookup`` reports the longest hit for which every part holds every chunk it needs (``longest_hit``),
   so an evicted window part of an early chunk (never read again) costs nothing, and pins exactly those
   objects;
@@ -72,11 +74,32 @@ def install_parts(engine: Any, parts: Sequence[ChunkPart], chunk_size: int) -> N
 
 
 def _store(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
-           hashes: Any = None, offsets: Any = None, mask: Any = None, **kwargs: Any) -> None:
+           hashes: Any = None, offsets: Any = None, mask: Any = None, state_ends: Sequence[int] | None = None,
+           **kwargs: Any) -> None:
     for part in parts:
+        call = {**kwargs, "request_configs": part_configs(kwargs.get("request_configs"), part)}
         with active_part(part.index):
-            original(tokens, hashes, offsets, mask,
-                     **{**kwargs, "request_configs": part_configs(kwargs.get("request_configs"), part)})
+            if state_ends is not None and part.snapshots:
+                store_chunks_ending_at(original, tokens, mask, state_ends, chunk_size, **call)
+            else:
+                original(tokens, hashes, offsets, mask, **call)
+
+
+def store_chunks_ending_at(store: Callable[..., Any], tokens: Any, mask: torch.Tensor | None, ends: Sequence[int],
+                           chunk_size: int, **kwargs: Any) -> None:
+    """Store only the chunks of ``tokens`` ending at ``ends`` (and within ``mask``), one call each: LMCache's
+    masks may only skip a prefix, and a chunk's key depends on the tokens up to its end alone."""
+    if tokens is None:
+        raise ValueError("storing chunks at given ends needs the tokens, not their hashes")
+    for end in ends:
+        if not chunk_size <= end <= len(tokens):
+            continue
+        chunk_mask = torch.zeros(end, dtype=torch.bool)
+        chunk_mask[end - chunk_size:] = True
+        if mask is not None:
+            chunk_mask &= mask[:end].to("cpu", torch.bool)
+        if bool(chunk_mask.any()):
+            store(tokens[:end], None, None, chunk_mask, **kwargs)
 
 
 def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any,

@@ -30,6 +30,8 @@ class ChunkPart:
     reach: int | None
     transfer_groups: tuple[int, ...]
     bytes_per_chunk: int
+    snapshots: bool = False
+    """It carries a snapshot group: a chunk's object of this part exists only where the state was kept."""
 
 
 def group_reach(group: KVGroup) -> int | None:
@@ -56,7 +58,8 @@ def chunk_parts(layout: KVLayout) -> tuple[ChunkPart, ...]:
     order = sorted(by_reach, key=lambda reach: (reach is not None, -(reach or 0)))
     return tuple(
         ChunkPart(i, _part_name(reach), reach, tuple(by_reach[reach]),
-                  sum(layout.transfer_groups[t].bytes_per_chunk for t in by_reach[reach]))
+                  sum(layout.transfer_groups[t].bytes_per_chunk for t in by_reach[reach]),
+                  any(layout.group(layout.transfer_groups[t].group).snapshots for t in by_reach[reach]))
         for i, reach in enumerate(order)
     )
 

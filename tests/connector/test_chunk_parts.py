@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.parts import install_parts, part_configs
+from lmcache_platforms.connector.parts import install_parts, part_configs, store_chunks_ending_at
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
@@ -111,3 +113,46 @@ def test_layouts_with_one_reach_keep_one_object_per_chunk(name: str) -> None:
         engine.connector.bind(layout, split=True)
         assert engine.connector.parts == ()
         assert engine.connector.binding.fingerprint == whole
+
+
+def test_state_parts_are_stored_only_where_the_caller_kept_a_state() -> None:
+    """qwen3-next (full attention + recurrent snapshots): with ``state_ends`` the snapshot part of chunk 2 alone
+    is stored, so the longest hit is 2 chunks, a load of more writes nothing, and the 2-chunk hit is exact."""
+    layout = materialize(load_layout_spec("qwen3-next"), seed=5)
+    chunk = layout.chunk_size
+    request = roundtrip.make_request(layout, CHUNKS * chunk, seed=1)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * chunk))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        engine.connector.bind(layout, split=True)
+        install_parts(engine.engine, engine.connector.parts, chunk)
+        assert [p.snapshots for p in engine.connector.parts] == [False, True]
+        stored = roundtrip.snapshot(layout, request)
+        engine.engine.store(torch.tensor(request.tokens), block_ids=request.store_ids, request_configs=engine.tags,
+                            state_ends=(2 * chunk,))
+        fmts = engine.connector.part_formats
+        assert engine.connector.binding.counters.bytes_stored == CHUNKS * fmts[0].nbytes + fmts[1].nbytes
+        assert engine.lookup(request.tokens) == 2 * chunk
+        roundtrip.zero_planes(layout)
+        assert engine.retrieve(request.tokens, request.load_ids) == 0
+        assert not any(rows.any() for rows in _loaded(engine, request).values())
+        assert engine.retrieve(request.tokens[: 2 * chunk], request.load_ids) == 2 * chunk
+        loaded = _loaded(engine, request)
+    snapshot = engine.connector.parts[1].transfer_groups
+    for (start, tg, plane), rows in stored.items():
+        if start < 2 * chunk and (tg not in snapshot or start == chunk):
+            assert torch.equal(loaded[(start, tg, plane)], rows), (start, tg, plane)
+        else:
+            assert not loaded[(start, tg, plane)].any(), (start, tg, plane)
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=6), st.sampled_from([16, 64]), st.integers(0, 200))
+def test_store_chunks_ending_at_stores_exactly_those_chunks_each_with_a_prefix_mask(kept, chunk, first):
+    tokens = list(range(len(kept) * chunk))
+    mask = torch.arange(len(tokens)) >= first
+    ends = [(i + 1) * chunk for i, keep in enumerate(kept) if keep]
+    calls = []
+    store_chunks_ending_at(lambda t, h, o, m, **kw: calls.append((len(t), m.nonzero().flatten().tolist(), kw)),
+                           tokens, mask, ends, chunk, tag=1)
+    expected = [(end, [t for t in range(end - chunk, end) if t >= first], {"tag": 1}) for end in ends
+                if end > first]
+    assert calls == expected

@@ -6,7 +6,7 @@ import pytest
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups, tokens_per_row
-from lmcache_platforms.integration.vllm.recurrent import StepSettings
+from lmcache_platforms.integration.vllm.recurrent import chunk_size_for, state_ends
 from tests.integration.specs import BLOCK, compressed, full, gemma_like, group, mamba, sliding
 
 DEFAULT = PlatformSettings()
@@ -35,7 +35,7 @@ def test_transfer_disabled_group_is_skipped_not_blocking():
     assert plan.hits_allowed and not plan.multi_group
 
 
-ALIGNED = StepSettings(chunk_size=2 * BLOCK, max_num_batched_tokens=BLOCK)
+ALIGNED = 2 * BLOCK  # chunk size
 
 
 def test_mamba_in_align_mode_is_saved_as_per_block_snapshots():
@@ -51,32 +51,69 @@ def test_a_recurrent_only_model_saves_whole_chunks_only():
     assert plan.hits_allowed and not plan.multi_group and plan.whole_chunks_only
 
 
-@pytest.mark.parametrize(("spec", "steps", "message"), [
+@pytest.mark.parametrize(("spec", "chunk_size", "message"), [
     (mamba(), ALIGNED, "mamba_cache_mode='align' (it is 'none'): start vLLM with enable_prefix_caching=True, "
                        "mamba_cache_mode='align'"),
-    (mamba(mode="align"), StepSettings(BLOCK + 16, BLOCK),
+    (mamba(mode="align"), BLOCK + 16,
      f"LMCache chunk_size {BLOCK + 16} is not a multiple of vLLM's block size {BLOCK} tokens: set chunk_size to a "
      f"multiple of {BLOCK}"),
-    (mamba(mode="align"), StepSettings(2 * BLOCK, 2 * BLOCK),
-     f"max_num_batched_tokens {2 * BLOCK} lets one prefill step span several {BLOCK}-token blocks, and vLLM keeps "
-     f"the state only where a step ends: set max_num_batched_tokens below {2 * BLOCK} (e.g. {BLOCK})"),
     (mamba(mode="align", num_speculative_blocks=1), ALIGNED, "speculative decoding"),
-    (mamba(mode="align"), None, "LMCache chunk_size 0"),
+    (mamba(mode="align"), 0, "LMCache chunk_size 0"),
 ])
-def test_recurrent_state_stays_unrestorable_and_says_which_setting_to_change(spec, steps, message):
-    plan = plan_groups([group(["a"], full()), group(["m"], spec)], DEFAULT, steps)
+def test_recurrent_state_stays_unrestorable_and_says_which_setting_to_change(spec, chunk_size, message):
+    plan = plan_groups([group(["a"], full()), group(["m"], spec)], DEFAULT, chunk_size)
     assert plan.saved == (0,) and list(plan.unrestorable) == [1] and not plan.hits_allowed
     why = plan.why_no_hits()
     assert why.startswith("group 1 (MambaSpec): ") and message in why
 
 
 def test_groups_failing_the_same_setting_are_named_in_one_reason():
-    plan = plan_groups([group(["m0"], mamba(mode="align")), group(["m1"], mamba(mode="align")),
-                        group(["a"], full())], DEFAULT, StepSettings(2 * BLOCK, 4096))
+    plan = plan_groups([group(["m0"], mamba()), group(["m1"], mamba()), group(["a"], full())], DEFAULT, ALIGNED)
     assert plan.why_no_hits() == (
-        f"groups 0, 1 (MambaSpec): max_num_batched_tokens 4096 lets one prefill step span several {BLOCK}-token "
-        f"blocks, and vLLM keeps the state only where a step ends: set max_num_batched_tokens below {2 * BLOCK} "
-        f"(e.g. {BLOCK})")
+        "groups 0, 1 (MambaSpec): recurrent state is kept per block only with mamba_cache_mode='align' (it is "
+        "'none'): start vLLM with enable_prefix_caching=True, mamba_cache_mode='align'")
+
+
+def test_any_step_budget_keeps_recurrent_groups_restorable():
+    """The step budget is no setting of ours any more: states are saved where steps end (``state_ends``)."""
+    plan = plan_groups([group(["m"], mamba(mode="align")), group(["a"], full())], DEFAULT, BLOCK)
+    assert plan.hits_allowed and plan.snapshot_groups == (0,)
+
+
+@pytest.mark.parametrize(("chunk_size", "blocks", "chosen", "line"), [
+    (256, [256], 256, "chunk_size 256 equals vLLM's block; a chunk carries the state wherever a vLLM step ends "
+                      "at its end"),
+    (1088, [544], 1088, "chunk_size 1088 is 2 blocks of 544 tokens; a state is saved only where a vLLM step ends "
+                        "on a chunk boundary (chunk_size 544 saves one at every step end)"),
+    (256, [544], 544, "LMCache chunk_size 256 is not a multiple of vLLM's block of 544 tokens, where the states "
+                      "are kept; using chunk_size 544"),
+    (64, [96, 64], 192, "LMCache chunk_size 64 is not a multiple of vLLM's block of 192 tokens, where the states "
+                        "are kept; using chunk_size 192"),
+])
+def test_chunk_size_for_recurrent_groups_is_a_multiple_of_their_block(chunk_size, blocks, chosen, line):
+    got, said = chunk_size_for(chunk_size, blocks)
+    assert (got, said) == (chosen, f"recurrent state groups: {line}")
+
+
+# A prefill step over tokens [start, end): vLLM keeps real state blocks where the step ends and nulls (0) the
+# blocks it skipped; block b holds the state after (b + 1) * 16 tokens.
+@pytest.mark.parametrize(("table", "start", "end", "chunk", "ends"), [
+    ([0, 0, 0, 7], 0, 64, 16, (64,)),  # one step of 4 blocks: only its end
+    ([0, 0, 0, 7], 0, 64, 32, (64,)),
+    ([0, 5, 0, 7], 0, 70, 16, (32, 64)),  # an internal checkpoint block beside the end's
+    ([3, 0, 0, 7, 8], 16, 64, 16, (64,)),  # block 0 was an earlier step's: not this step's to save
+    ([3, 4], 16, 24, 16, ()),  # a step ending mid-block ends at no boundary
+    ([3, 4], 24, 32, 16, (32,)),  # a step from mid-block (vLLM stops it at the boundary) reaching it
+    ([3, 4, 9], 47, 48, 16, (48,)),  # a decode step reaching a boundary
+    ([3, 4], 0, 48, 16, (16, 32)),  # a table shorter than the step: no block, no state
+])
+def test_state_ends_are_the_chunk_ends_this_step_wrote(table, start, end, chunk, ends):
+    assert state_ends([table], [16], start, end, chunk) == ends
+
+
+def test_state_ends_need_every_snapshot_group():
+    assert state_ends([[0, 1, 0, 2], [0, 0, 0, 3]], [16, 16], 0, 64, 16) == (64,)
+    assert state_ends([[0, 1, 0, 2], [0, 4, 0, 0]], [16, 16], 0, 64, 16) == (32,)
 
 
 def test_user_may_declare_a_group_unneeded():

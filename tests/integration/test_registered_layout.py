@@ -7,7 +7,6 @@ import torch
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups
-from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, kernel_rows_per_block
 from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.tensors import TensorLayout
@@ -76,7 +75,7 @@ def test_recurrent_layers_become_one_snapshot_row_per_block():
     """vLLM 0.32's CPU runner registers a GDN layer as one int8 view of each block's state bytes (conv + SSM)
     inside a padded page; vLLM 0.23 / other runners give the typed planes as a list. Both: one row per block."""
     plan = plan_groups([group(["a"], full()), group(["m", "t"], mamba(mode="align"))], SETTINGS,
-                       StepSettings(64, 32))
+                       64)
     pages = torch.zeros(4, 2, 1, 1, 768, dtype=torch.int8)
     typed = [torch.zeros(4, 3, 16, dtype=torch.bfloat16), torch.zeros(4, 2, 8, 8)]
     caches = {"a": torch.zeros(4, 32, 64), "m": pages[:, 0, :, :, :608], "t": typed}

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups, single_group_plan
-from lmcache_platforms.integration.vllm.recurrent import StepSettings
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, build_request_meta, first_savable_token
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
 from lmcache_platforms.layout.slots import chunk_slots
@@ -75,7 +74,7 @@ def test_load_only_request_and_decode_phase():
     assert not meta.save_spec.can_save and len(meta.token_ids) == 128
 
 
-ALIGN = StepSettings(chunk_size=CHUNK, max_num_batched_tokens=32)
+ALIGN = CHUNK
 
 
 def gdn_plan():
@@ -114,13 +113,32 @@ def test_a_snapshot_load_without_its_resume_block_is_refused():
         meta.blocks_not_held(0, 100)
 
 
-def test_recurrent_groups_save_only_chunks_whose_end_snapshot_exists():
-    """vLLM keeps the state only where a step ended; a chunk whose end block is null (a step ran past it)
-    is never saved, so no hit can end there."""
+def test_recurrent_groups_save_every_chunk_and_a_state_where_a_step_ended_on_its_end():
+    """vLLM keeps the state only where a step ended (its block; the blocks a step ran past are null): every
+    whole chunk's attention is saved, its state part only at those ends."""
     plan = gdn_plan()
-    assert build_request_meta(tracker(128, [[4, 0, 6, 0], [1, 2, 3, 4]]), plan, CHUNK) is None
-    meta = build_request_meta(tracker(128, [[4, 0, 6, 7], [1, 2, 3, 4]]), plan, CHUNK)
-    assert meta.save_spec.can_save and (meta.save_spec.skip_leading_tokens, meta.save_spec.num_tokens) == (64, 128)
-    t = tracker(128, [[4, 5, 6, 7], [1, 2, 3, 4]])
-    meta = build_request_meta(t, plan, CHUNK)
+    meta = build_request_meta(tracker(128, [[0, 0, 0, 7], [1, 2, 3, 4]]), plan, CHUNK)
     assert meta.save_spec.can_save and (meta.save_spec.skip_leading_tokens, meta.save_spec.num_tokens) == (0, 128)
+    assert meta.state_ends == (128,)
+    meta = build_request_meta(tracker(150, [[0, 5, 0, 7, 9], [1, 2, 3, 4, 5]]), plan, CHUNK)
+    assert (meta.save_spec.num_tokens, meta.state_ends) == (128, (64, 128))  # 64: an internal checkpoint
+    meta = build_request_meta(tracker(100, [[0, 0, 7], [1, 2, 3]]), plan, CHUNK)
+    assert (meta.save_spec.num_tokens, meta.state_ends) == (64, ())  # the step ended mid-chunk
+
+
+def test_state_ends_are_those_of_this_step_only():
+    plan = gdn_plan()
+    t = tracker(64, [[0, 4], [1, 2]])
+    assert build_request_meta(t, plan, CHUNK).state_ends == (64,)
+    t.append(list(range(64, 128)), [[0, 8], [3, 4]])
+    assert t.step_start == 64
+    meta = build_request_meta(t, plan, CHUNK)
+    assert (meta.save_spec.skip_leading_tokens, meta.state_ends) == (64, (128,))
+    t.append(list(range(128, 129)), [[0], [5]])  # decode: nothing new to save
+    assert build_request_meta(t, plan, CHUNK) is None
+
+
+def test_a_chunk_without_its_state_is_still_saved_for_its_attention():
+    """The old rule (no chunk saved past a null snapshot block) left nothing to hit at large step budgets."""
+    meta = build_request_meta(tracker(192, [[0, 0, 0, 0, 0, 6], [1, 2, 3, 4, 5, 6]]), gdn_plan(), CHUNK)
+    assert (meta.save_spec.skip_leading_tokens, meta.save_spec.num_tokens, meta.state_ends) == (0, 192, (192,))

@@ -50,7 +50,7 @@ def test_lookups_carry_the_scope_and_refuse_without_one():
         calls: list = []
 
         def lookup(self, token_ids, lookup_id, request_configs=None):
-            self.calls.append((lookup_id, request_configs))
+            self.calls.append((lookup_id, request_configs, len(token_ids)))
             return 7
 
         def clear_lookup_status(self, lookup_id):
@@ -60,7 +60,9 @@ def test_lookups_carry_the_scope_and_refuse_without_one():
     scoped = ScopedLookups(client)
     with looking_up({SCOPE_TAG: "s"}):
         assert scoped.lookup(torch.arange(3), lookup_id="r", request_configs={"lmcache.x": 1}) == 7
-    assert client.calls == [("r", {"lmcache.x": 1, SCOPE_TAG: "s"})]
+    with looking_up({SCOPE_TAG: "t"}, max_tokens=2):  # a recurrent model's limit: the lookup sees 2 tokens
+        scoped.lookup(list(range(5)), lookup_id="q")
+    assert client.calls == [("r", {"lmcache.x": 1, SCOPE_TAG: "s"}, 3), ("q", {SCOPE_TAG: "t"}, 2)]
     assert scoped.clear_lookup_status("r") == "r"
     with pytest.raises(RuntimeError, match="outside a request's scope"):
         scoped.lookup([1], lookup_id="r")

@@ -4,8 +4,8 @@ Both vLLM generations are read here: 0.32+ names the compression ``tokens_per_st
 ``enable_kv_transfer=False``; 0.23 (vllm-ascend) names it ``compress_ratio``. A group is either saved,
 skipped because resuming provably does not need it, or unrestorable; one unrestorable group means no hit
 may ever be claimed for the model (a partly restored cache gives wrong output, a miss only costs time).
-A recurrent-state (Mamba) group is saved as a snapshot group when vLLM keeps its state at every chunk
-boundary (``recurrent.py``), unrestorable otherwise.
+A recurrent-state (Mamba) group in vLLM's align mode is saved as a snapshot group (``recurrent.py``: a chunk
+carries the state at its end where a vLLM step ended there), unrestorable in any other mode.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from lmcache_platforms.config import PlatformSettings
-from lmcache_platforms.integration.vllm.recurrent import StepSettings, is_recurrent, snapshot_problem
+from lmcache_platforms.integration.vllm.recurrent import is_recurrent, snapshot_problem
 from lmcache_platforms.layout.groups import KVGroup, is_saved
 from lmcache_platforms.layout.kv_layout import saves_whole_chunks
 
@@ -102,20 +102,21 @@ def _unrestorable_reason(spec: Any, ratio: int | Fraction) -> str | None:
     return None
 
 
-def _snapshot_group(index: int, group_spec: Any, layer: Any, steps: StepSettings) -> tuple[KVGroup, str | None]:
+def _snapshot_group(index: int, group_spec: Any, layer: Any, chunk_size: int) -> tuple[KVGroup, str | None]:
     """A recurrent group: one snapshot row per block of ``block_size`` tokens."""
     group = KVGroup(index=index, block_size=1, tokens_per_row=group_spec.kv_cache_spec.block_size, is_state=True,
                     layer_names=tuple(group_spec.layer_names), spec_name=type(layer).__name__, snapshots=True)
-    return group, snapshot_problem(layer, steps)
+    return group, snapshot_problem(layer, chunk_size)
 
 
 def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings,
-                    steps: StepSettings | None = None) -> tuple[KVGroup, str | None]:
-    """One vLLM ``KVCacheGroupSpec`` as a ``KVGroup``, with the reason it cannot be restored (or None)."""
+                    chunk_size: int = 0) -> tuple[KVGroup, str | None]:
+    """One vLLM ``KVCacheGroupSpec`` as a ``KVGroup``, with the reason it cannot be restored (or None);
+    ``chunk_size`` is LMCache's, which a recurrent group's block must divide."""
     spec = group_spec.kv_cache_spec
     layer = _first_layer_spec(spec)
     if is_recurrent(layer):
-        return _snapshot_group(index, group_spec, layer, steps or StepSettings())
+        return _snapshot_group(index, group_spec, layer, chunk_size)
     ratio = tokens_per_row(spec)
     problem = _unrestorable_reason(layer, ratio)
     cr = int(ratio) if problem is None else 1
@@ -133,16 +134,15 @@ def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings,
     return group, problem
 
 
-def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings,
-                steps: StepSettings | None = None) -> GroupPlan:
-    """Decide, for every vLLM group, saved / skipped (with why it is not needed) / unrestorable; ``steps``
-    (chunk size, vLLM's step budget) decides whether recurrent groups can be saved."""
+def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings, chunk_size: int = 0) -> GroupPlan:
+    """Decide, for every vLLM group, saved / skipped (with why it is not needed) / unrestorable; LMCache's
+    ``chunk_size`` decides whether recurrent groups can be saved."""
     groups: list[KVGroup] = []
     saved: list[int] = []
     skipped: dict[int, str] = {}
     unrestorable: dict[int, str] = {}
     for index, group_spec in enumerate(kv_cache_groups):
-        group, problem = group_from_spec(index, group_spec, settings, steps)
+        group, problem = group_from_spec(index, group_spec, settings, chunk_size)
         groups.append(group)
         markers, allow, deny = settings.state_markers, settings.save_groups, settings.skip_groups
         if getattr(group_spec, "enable_kv_transfer", True) is False:
@@ -163,3 +163,10 @@ def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings,
 def single_group_plan(block_size: int) -> GroupPlan:
     """The plan when vLLM gives no KV-cache config (old two-argument connectors): one full-attention group."""
     return GroupPlan((KVGroup(index=0, block_size=block_size),), (0,))
+
+
+def recurrent_block_sizes(kv_cache_groups: Sequence[Any]) -> list[int]:
+    """Block sizes (tokens) of the recurrent groups in vLLM's align mode: the chunk size must be a multiple."""
+    layers = (_first_layer_spec(g.kv_cache_spec) for g in kv_cache_groups)
+    return [layer.block_size for layer in layers
+            if is_recurrent(layer) and getattr(layer, "mamba_cache_mode", "none") == "align"]

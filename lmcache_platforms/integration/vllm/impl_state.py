@@ -20,17 +20,20 @@ from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads
-from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, single_group_plan
+from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, recurrent_block_sizes, single_group_plan
 from lmcache_platforms.integration.vllm.model_identity import ModelIdentity, model_identity
-from lmcache_platforms.integration.vllm.recurrent import StepSettings
+from lmcache_platforms.integration.vllm.recurrent import chunk_size_for
 from lmcache_platforms.integration.vllm.stats import StatsRecorder
 from lmcache_platforms.integration.vllm.wrapper_contract import WrapperContract, contract_of
 from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:
     from lmcache.v1.config import LMCacheEngineConfig
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+logger = init_logger(__name__)
 
 
 def _settings(lmcache_config: LMCacheEngineConfig, vllm_config: VllmConfig) -> PlatformSettings:
@@ -73,6 +76,21 @@ class ImplState(LMCacheConnectorV1Impl):
     """The scope generation a prefix-cache reset bumps (``request_scope``): set by the lifecycle, read by the
     scheduler side."""
 
+    def _apply_extra_config(self, config: LMCacheEngineConfig, vllm_config: VllmConfig) -> None:
+        """Upstream's ``lmcache.*`` keys, then the chunk size recurrent groups need (``recurrent.chunk_size_for``),
+        before upstream creates the LMCache engine with it; scheduler and workers choose alike."""
+        super()._apply_extra_config(config, vllm_config)
+        kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
+        blocks = recurrent_block_sizes(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else []
+        if not blocks:
+            return
+        chunk_size, line = chunk_size_for(config.chunk_size, blocks)
+        if chunk_size == config.chunk_size:
+            logger.info(line)
+            return
+        logger.warning(line)
+        config.chunk_size = chunk_size
+
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
                               config: LMCacheEngineConfig) -> None:
         super()._init_connector_state(role, vllm_config, config)
@@ -83,8 +101,7 @@ class ImplState(LMCacheConnectorV1Impl):
             self.plan = single_group_plan(self._block_size)
             self._num_blocks = None
         else:
-            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings,
-                                    StepSettings.from_vllm(vllm_config, config.chunk_size))
+            self.plan = plan_groups(kv_cache_config.kv_cache_groups, self.settings, config.chunk_size)
             self._num_blocks = kv_cache_config.num_blocks
         self.layout = None
         self._key_tags = {}

@@ -138,12 +138,17 @@ class Lifecycle(ImplState):
     def _split_chunks(self) -> bool:
         """Chunk parts (``connector.parts``) unless the setting says whole, LMCache's async loading is on (its
         prefetching lookup knows one key per chunk), or a remote store reads chunks whole (logged)."""
-        if self.settings.chunk_parts != "window" or self.async_loading:
-            return False
-        reason = whole_chunk_reader(self.config, self.lmcache_engine)
+        split = self.settings.chunk_parts == "window" and not self.async_loading
+        reason = whole_chunk_reader(self.config, self.lmcache_engine) if split else None
         if reason is not None:
             logger.info("platforms.chunk_parts=window but %s: chunks are stored whole", reason)
-        return reason is None
+        mixed = 0 < len(self.plan.snapshot_groups) < len(self.plan.saved)
+        if mixed and not (split and reason is None):
+            logger.warning("recurrent state groups with chunks stored whole: a chunk is stored only where vLLM "
+                           "kept its state, so a hit reaches only as far as every chunk kept one (store chunks "
+                           "in parts, platforms.chunk_parts=window with LMCache's sync loading, to hit at any "
+                           "step budget)")
+        return split and reason is None
 
     def unregister_kv_caches(self) -> None:
         """Before sleep mode unmaps the KV memory: from here on no store or load touches the KV tensors (saves

@@ -2,10 +2,11 @@
 whether to load and/or save. No slots travel: our GPU connector computes each chunk's slots from the blocks.
 
 The saving rule is upstream's (save once a chunk boundary is crossed, never partial chunks mid-prefill, not
-in decode unless asked) with two hybrid-model rules on top: with more than one saved group only whole chunks
-are saved, and a chunk is never saved while a row it must carry lies in vLLM's null block (a sliding-window
+in decode unless asked) with three hybrid-model rules on top: with more than one saved group only whole chunks
+are saved; a chunk is never saved while a row it must carry lies in vLLM's null block (a sliding-window
 group's prefix that vLLM freed or never had, e.g. after a local prefix-cache hit) -- that chunk would come
-back with rows missing.
+back with rows missing; and a snapshot group's row of a chunk is saved only when this step wrote the state at
+the chunk's end (``state_ends``), which the chunk's other parts do not wait for.
 
 A snapshot group (recurrent state in vLLM's align mode) is loaded into a different block than the one it was
 saved from: vLLM resumes a request with N computed tokens from the block holding the step's last token
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lmcache_platforms.integration.vllm.groups import GroupPlan
+from lmcache_platforms.integration.vllm.recurrent import state_ends
 from lmcache_platforms.integration.vllm.tracker import RequestTracker
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.slots import chunk_rows
@@ -58,6 +60,9 @@ class RequestMeta:
     block_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
     snapshots: tuple[int, ...] = ()
     step_tokens: int = 0
+    # Chunk ends saved this step whose snapshot groups' state this step wrote (``recurrent.state_ends``): only
+    # those chunks' state parts are stored.
+    state_ends: tuple[int, ...] = ()
     # Its load runs while vLLM holds the request in WAITING_FOR_REMOTE_KVS; reported per request.
     load_while_waiting: bool = False
 
@@ -78,7 +83,8 @@ class RequestMeta:
     def _snapshot_load_ids(self, index: int, ids: tuple[int, ...], hit_tokens: int) -> tuple[int, ...]:
         block_tokens = self.block_sizes[index][1]
         hit_row, resume_row = hit_tokens // block_tokens - 1, (self.step_tokens - 1) // block_tokens
-        if hit_tokens % block_tokens or hit_row < 0 or resume_row >= len(ids) or hit_row >= len(ids):
+        if (hit_tokens % block_tokens or hit_row < 0 or resume_row >= len(ids) or hit_row >= len(ids)
+                or ids[resume_row] == 0):
             raise ValueError(f"request {self.req_id}: group {index} has no snapshot block for a hit of {hit_tokens} "
                              f"tokens resumed at step end {self.step_tokens} ({len(ids)} blocks of {block_tokens} "
                              "tokens)")
@@ -158,11 +164,14 @@ def build_request_meta(
     num_to_save = num_tokens // chunk_size * chunk_size if whole_chunks_only else num_tokens
     groups = plan.saved_groups
     block_ids = tuple(tuple(ids) for ids in tracker.block_ids)
+    ends: tuple[int, ...] = ()
     if not skip_save:
         aligned = skip_leading // chunk_size * chunk_size
-        savable = first_savable_token(groups, block_ids, aligned, num_to_save, chunk_size)
+        rows = [g for g in groups if not g.snapshots]  # a snapshot row exists only at a state end
+        savable = first_savable_token(rows, block_ids, aligned, num_to_save, chunk_size)
         skip_leading = max(skip_leading, savable)
         tracker.num_saved_tokens = num_to_save
+        ends = _state_ends(tracker, plan, block_ids, chunk_size, skip_leading, num_to_save)
     can_save = not skip_save and skip_leading < num_to_save
     if not can_save and load_spec is None:
         return None
@@ -178,4 +187,16 @@ def build_request_meta(
         block_sizes={g.index: (g.block_size, g.tokens_per_row) for g in groups},
         snapshots=plan.snapshot_groups,
         step_tokens=num_tokens,
+        state_ends=ends,
     )
+
+
+def _state_ends(tracker: RequestTracker, plan: GroupPlan, block_ids: tuple[tuple[int, ...], ...], chunk_size: int,
+                first: int, last: int) -> tuple[int, ...]:
+    """The ends of the chunks saved this step (``(first, last]``) that carry their state."""
+    if not plan.snapshot_groups:
+        return ()
+    snapshot = [plan.groups[i] for i in plan.snapshot_groups]
+    ends = state_ends([block_ids[g.index] for g in snapshot], [g.tokens_per_row for g in snapshot],
+                      tracker.step_start, len(tracker.token_ids), chunk_size)
+    return tuple(c for c in ends if first < c <= last)

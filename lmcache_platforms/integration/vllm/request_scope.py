@@ -26,7 +26,7 @@ from typing import Any
 
 SCOPE_TAG = "lmcache.tag.lmcp_scope"
 
-_LOOKUP_CONFIGS: ContextVar[dict[str, Any] | None] = ContextVar("lmcp_lookup_configs", default=None)
+_LOOKUP: ContextVar[tuple[dict[str, Any], int | None] | None] = ContextVar("lmcp_lookup", default=None)
 
 
 def request_scope(lora_request: Any, cache_salt: str | None, generation: str = "") -> str:
@@ -45,18 +45,20 @@ def scoped_configs(request: Any, request_configs: Mapping[str, Any] | None, gene
 
 
 @contextlib.contextmanager
-def looking_up(request_configs: dict[str, Any]) -> Iterator[None]:
-    """While upstream's ``get_num_new_matched_tokens`` runs, its lookups carry ``request_configs``."""
-    token = _LOOKUP_CONFIGS.set(request_configs)
+def looking_up(request_configs: dict[str, Any], max_tokens: int | None = None) -> Iterator[None]:
+    """While upstream's ``get_num_new_matched_tokens`` runs, its lookups carry ``request_configs`` and, given
+    ``max_tokens``, look up no more tokens than that (a hit must end where it can be resumed from)."""
+    token = _LOOKUP.set((request_configs, max_tokens))
     try:
         yield
     finally:
-        _LOOKUP_CONFIGS.reset(token)
+        _LOOKUP.reset(token)
 
 
 class ScopedLookups:
     """LMCache's lookup client whose ``lookup`` sends the configs of the request being looked up (upstream's
-    caller passes only those of the request's sampling params); everything else is the client's own."""
+    caller passes only those of the request's sampling params) and keeps to its token limit; everything else is
+    the client's own."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -65,9 +67,12 @@ class ScopedLookups:
         return getattr(self._client, name)
 
     def lookup(self, token_ids: Any, lookup_id: str, request_configs: dict[str, Any] | None = None) -> Any:
-        scoped = _LOOKUP_CONFIGS.get()
-        if scoped is None:
+        current = _LOOKUP.get()
+        if current is None:
             raise RuntimeError(f"lookup {lookup_id}: LMCache lookup outside a request's scope (it could load "
                                "another adapter's or tenant's KV)")
+        scoped, max_tokens = current
+        if max_tokens is not None:
+            token_ids = token_ids[:max_tokens]
         return self._client.lookup(token_ids, lookup_id=lookup_id, request_configs={**(request_configs or {}),
                                                                                         **scoped})

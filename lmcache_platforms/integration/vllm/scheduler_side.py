@@ -1,5 +1,5 @@
-"""Our engine impl's scheduler side: lookups (scoped, cut to snapshot boundaries), what vLLM allocated, the
-per-step metadata with every group's block ids, and which loads failed.
+"""Our engine impl's scheduler side: lookups (scoped; with snapshot groups, short of the last token), what vLLM
+allocated, the per-step metadata with every group's block ids, and which loads failed.
 
 It keeps upstream's methods with upstream's signatures (every wrapper of upstream's impl name calls them:
 ``wrapper_contract``) and gives our connector its own (``match``, ``after_alloc``), which carry loads that run
@@ -84,16 +84,17 @@ class SchedulerSide(ImplState):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
         """Upstream's contract (every upstream wrapper calls this): LMCache's hit beyond vLLM's own, a count. A
-        request whose load failed once is recomputed: a second lookup would find the same broken chunk."""
+        request whose load failed once is recomputed: a second lookup would find the same broken chunk. With
+        snapshot groups the lookup stops at the last chunk boundary before the request's last token: a hit
+        must end at a chunk whose state was kept, and vLLM computes the last token itself."""
         self._configs[request.request_id] = scoped_configs(
             request, extract_request_configs(request.sampling_params), self._generation)
         if not self.hits_allowed or request.request_id in self._failed_loads:
             return 0
-        with looking_up(self._request_configs(request)):
-            tokens = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        if tokens and self.plan.snapshot_groups:
-            tokens = self._to_snapshot(request.request_id, num_computed_tokens, tokens)
-        return tokens
+        chunk = self._lmcache_chunk_size
+        limit = (request.num_tokens - 1) // chunk * chunk if self.plan.snapshot_groups else None
+        with looking_up(self._request_configs(request), limit):
+            return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def match(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Our connector's call: the hit, and whether it loads while the request waits."""
@@ -142,16 +143,6 @@ class SchedulerSide(ImplState):
         """Tokens LMCache holds for a request scheduled now: this step's load, or one done while it waited."""
         waited = self._loaded_while_waiting.pop(req_id, 0)
         return load_spec.lmcache_cached_tokens if load_spec is not None else waited
-
-    def _to_snapshot(self, req_id: str, num_computed_tokens: int, need: int) -> int:
-        """A hit must end where a snapshot exists, a chunk boundary: upstream's full-prompt hit (one token short,
-        so vLLM computes the last) goes back to the previous boundary."""
-        chunk = self._lmcache_chunk_size
-        end = (num_computed_tokens + need) // chunk * chunk
-        spec = self.load_specs.get(req_id)
-        if spec is not None:
-            spec.lmcache_cached_tokens = min(spec.lmcache_cached_tokens, end)
-        return max(0, end - num_computed_tokens)
 
     def _pop_load_spec(self, req_id: str) -> LoadSpec | None:
         spec = self.load_specs.pop(req_id, None)

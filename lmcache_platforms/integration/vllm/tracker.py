@@ -43,6 +43,8 @@ class RequestTracker:
     request_configs: dict[str, Any] | None = None
     mm_hashes: list[str] | None = None
     mm_positions: list[Any] | None = None
+    step_start: int = 0
+    """Tokens computed before the step being scheduled (a recurrent state is written only within a step)."""
 
     @classmethod
     def from_new_request(
@@ -64,6 +66,7 @@ class RequestTracker:
             num_saved_tokens=lmcache_cached_tokens,
             skip_save=skip_save,
             request_configs=request_configs,
+            step_start=int(new_request.num_computed_tokens),
         )
 
     @property
@@ -74,6 +77,7 @@ class RequestTracker:
         """A running request was scheduled again: its new tokens and new blocks follow the old ones."""
         for ids, new in zip(self.block_ids, block_ids_per_group(new_block_ids, self.num_groups), strict=True):
             ids.extend(new)
+        self.step_start = len(self.token_ids)
         self.token_ids.extend(new_token_ids)
         self.is_decode_phase = self._decoding(len(new_token_ids))
 
@@ -91,6 +95,7 @@ class RequestTracker:
         self.num_saved_tokens = lmcache_cached_tokens
         needed = max(num_computed_tokens + num_new_tokens, lmcache_cached_tokens)
         self.token_ids = list(all_token_ids[:needed])
+        self.step_start = num_computed_tokens
         self.is_decode_phase = self._decoding(num_new_tokens)
 
     def _decoding(self, num_new_tokens: int) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmcache_platforms.connector.parts import store_chunks_ending_at
 from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults
 from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.key_tags import with_tags
@@ -169,24 +170,35 @@ class WorkerSide(ImplState):
                 continue
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False
+            kwargs = self._transfer_kwargs(request, request.block_ids)
             binding = self._binding()
             bytes_before = binding.counters.bytes_stored if binding is not None else 0
             chunks_before = binding.counters.chunks_stored if binding is not None else 0
             started = time.perf_counter()
-            engine.store(
-                request.token_ids[:end],
-                mask=mask,
-                offset=start,
-                **self._transfer_kwargs(request, request.block_ids),
-            )
+            self._store(engine, request, mask, start, end, kwargs)
             if binding is None:
                 continue
             self.stats.timing("store_seconds", time.perf_counter() - started)
             self.stats.count("bytes_stored", binding.counters.bytes_stored - bytes_before)
             self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
             if binding.counters.bytes_stored > bytes_before:
-                logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written", request.req_id,
-                            start, end, binding.counters.bytes_stored - bytes_before)
+                states = f", recurrent state at {list(request.state_ends)}" if self.plan.snapshot_groups else ""
+                logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s", request.req_id,
+                            start, end, binding.counters.bytes_stored - bytes_before, states)
+
+    def _store(self, engine: LMCacheEngine, request: RequestMeta, mask: torch.Tensor, start: int, end: int,
+               kwargs: dict[str, Any]) -> None:
+        """A chunk's recurrent state exists only at ``request.state_ends``: stored in parts, the state part is
+        stored there only (``connector.parts``); stored whole, so is the whole chunk (a hit then reaches only as
+        far as every chunk kept its state)."""
+        tokens = request.token_ids[:end]
+        if not self.plan.snapshot_groups:
+            engine.store(tokens, mask=mask, offset=start, **kwargs)
+        elif getattr(engine.gpu_connector, "parts", ()):
+            engine.store(tokens, mask=mask, offset=start, state_ends=request.state_ends, **kwargs)
+        else:
+            store_chunks_ending_at(engine.store, tokens, mask, request.state_ends, self._lmcache_chunk_size,
+                                   **kwargs)
 
     def _log_skipped_save(self, req_id: str) -> None:
         """A skipped save costs a future cache miss only, so it is logged (once per sleep), not raised."""
