@@ -11,7 +11,7 @@ SPEC = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512, "moe_i
         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
         "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 64,
         "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-        "max_position_embeddings": 2048, "tie_word_embeddings": False, "initializer_range": 0.1,
+        "max_position_embeddings": 16384, "tie_word_embeddings": False, "initializer_range": 0.1,
         "decoder_sparse_step": 1, "mlp_only_layers": []}
 DONE = ".tiny_qwen3_next.json"
 

@@ -1,19 +1,22 @@
-"""A GDN hybrid (tiny random Qwen3-Next: 3 recurrent layers + 1 full-attention layer) in real vLLM CPU engines
-in align mode: a cold engine stores through our connector into a persistent ``fs://`` store, a fresh warm
-engine hits it, and every answer (greedy tokens and top-5 logprobs) equals vLLM's without the connector.
+"""A GDN hybrid (tiny random Qwen3-Next: 3 recurrent layers + 1 full-attention layer, vLLM block 256 tokens) in
+real vLLM CPU engines in align mode, at the step budgets users run (vLLM's default unless a test names one).
 
-The negative control skips the recurrent groups (``platforms.skip_groups``: hits still claimed, state not
-restored): the same check must then fail. vLLM's own align-mode prefix caching is measured alongside.
+vLLM keeps a recurrent state only where a step ended; our connector saves a chunk's state part exactly there and
+claims a hit only up to a chunk carrying one. Every answer (greedy tokens and top-5 logprobs) is compared, bit for
+bit, with vLLM's without a connector (prefix caching off); planted faults show the comparison catches a state
+from the wrong position and a state not restored.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from lmcache_platforms.tools.redis_server import RedisServer
 from tests.fork_server import run_module
 from tests.integration.recurrent_model import ensure_tiny_qwen3_next
 
@@ -21,28 +24,33 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
+TURN_ONE = [(i * 37) % 2000 + 1 for i in range(1100)]
+LONG = [(i * 37) % 2000 + 1 for i in range(9000)]
+LONG_BRANCH = LONG[:7000] + [(i * 13) % 1800 + 3 for i in range(200)]  # 27 whole chunks shared with LONG
 PREFIX = [(i * 37) % 2000 + 1 for i in range(512)]
-A = PREFIX + [(i * 11) % 1900 + 7 for i in range(40)]  # shares two 256-token chunks
-D = PREFIX[:256] + [(i * 13) % 1800 + 3 for i in range(300)]  # shares one chunk with A
-E = PREFIX  # the whole prompt is stored: a hit must stop a chunk short (vLLM computes the last token)
+A = PREFIX + [(i * 11) % 1900 + 7 for i in range(40)]
+STORED = re.compile(r"request (\S+): stored tokens \[(\d+), (\d+)\) in LMCache, \d+ bytes written, "
+                    r"recurrent state at \[([\d, ]*)\]")
 
 
-def run_pass(model: Path, store: Path, mode: str, prompts: list[list[int]], skip_groups: str = "",
-             max_num_batched_tokens: int = 256) -> dict:
+def run_pass(model: Path, store: Path, mode: str, job: dict) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = run_module("tests.integration.recurrent_run",
-                      [str(model), str(store), mode, skip_groups, str(max_num_batched_tokens)], env, REPO,
-                      timeout=400, input=json.dumps(prompts))
+    proc = run_module("tests.integration.recurrent_run", [str(model), str(store), mode], env, REPO, timeout=400,
+                      input=json.dumps(job))
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1]) | {"log": proc.stderr}
     assert not any(e["degraded"] for e in result["health"])
     return result
 
 
-def mismatches(got: dict, reference: dict) -> list[int]:
-    """Requests whose greedy tokens or top-5 logprobs differ from the reference's, bit for bit."""
-    return [i for i, (g, r) in enumerate(zip(got["runs"], reference["runs"], strict=True))
-            if (g["tokens"], g["logprobs"]) != (r["tokens"], r["logprobs"])]
+def state_ends(result: dict) -> list[int]:
+    """Where the pass stored a state part, in order, from the connector's log."""
+    return [int(end) for m in STORED.finditer(result["log"]) for end in m.group(4).split(", ") if end]
+
+
+def same_answer(got: dict, reference: dict) -> bool:
+    """Greedy tokens and top-5 logprobs equal, bit for bit."""
+    return (got["tokens"], got["logprobs"]) == (reference["tokens"], reference["logprobs"])
 
 
 @pytest.fixture(scope="module")
@@ -51,45 +59,100 @@ def model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(model, tmp_path_factory) -> dict:
-    return run_pass(model, tmp_path_factory.mktemp("unused"), "plain", [A, D, E])
+def turn_one(model, tmp_path_factory) -> dict:
+    """A 1,100-token prompt and 300 generated tokens through the connector into an ``fs://`` store."""
+    store = tmp_path_factory.mktemp("turn-one")
+    result = run_pass(model, store, "connector", {"prompts": [TURN_ONE], "max_tokens": 300})
+    return result | {"store": store, "turn_two": TURN_ONE + result["runs"][0]["tokens"] + A[:100]}
 
 
-def test_warm_engine_hits_every_stored_chunk_with_identical_answers(model, reference, tmp_path):
-    cold = run_pass(model, tmp_path, "connector", [A, D])
-    assert cold["hits_allowed"] and cold["plan"].count("MambaSpec") == 3
-    assert [r["cached"] for r in cold["runs"]] == [0, 256]  # D hits A's first chunk (a partial prefix)
-    assert (cold["chunks_stored"], cold["chunks_loaded"]) == (3, 1)
-    assert mismatches(cold, {"runs": reference["runs"][:2]}) == []
-    warm = run_pass(model, tmp_path, "connector", [A, D, E])
-    assert [r["cached"] for r in warm["runs"]] == [512, 512, 256]
-    assert warm["chunks_loaded"] == 5
-    assert mismatches(warm, reference) == []
+@pytest.fixture(scope="module")
+def reference(model, turn_one, tmp_path_factory) -> dict:
+    result = run_pass(model, tmp_path_factory.mktemp("unused"), "plain",
+                      {"prompts": [turn_one["turn_two"], LONG_BRANCH, A]})
+    return dict(zip(("turn_two", "long_branch", "a"), result["runs"], strict=True))
+
+
+def test_turn_one_stores_the_state_where_vllm_kept_one(turn_one):
+    """vLLM's default budget (4,096) runs the prompt as [0, 1024) then [1024, 1100) (it stops at the prompt's
+    last block boundary): the one state is at 1024; decode chunks are not saved (save_decode_cache off)."""
+    assert turn_one["hits_allowed"] and turn_one["chunk_size"] == 256 and turn_one["plan"].count("MambaSpec") == 3
+    assert state_ends(turn_one) == [1024]
+    assert [m.group(2, 3) for m in STORED.finditer(turn_one["log"])] == [("0", "1024")]
+    assert "recurrent state groups: chunk_size 256 equals vLLM's block" in turn_one["log"]
+
+
+def test_turn_two_in_a_fresh_engine_hits_up_to_the_last_state(model, turn_one, reference):
+    warm = run_pass(model, turn_one["store"], "connector", {"prompts": [turn_one["turn_two"]]})
+    assert warm["runs"][0]["cached"] == 1024 and warm["chunks_loaded"] == 4
+    assert same_answer(warm["runs"][0], reference["turn_two"])
+
+
+@pytest.mark.redis
+def test_turn_two_through_redis(model, turn_one, reference, tmp_path):
+    """The same through a Redis remote store (its values sized from each part's own metadata)."""
+    with RedisServer(str(tmp_path)) as redis:
+        job = {"extra": {"lmcache.local_cpu": False, "lmcache.remote_url": redis.url}}
+        cold = run_pass(model, tmp_path, "connector", job | {"prompts": [TURN_ONE], "max_tokens": 1})
+        warm = run_pass(model, tmp_path, "connector", job | {"prompts": [turn_one["turn_two"]]})
+    assert state_ends(cold) == [1024]
+    assert warm["runs"][0]["cached"] == 1024
+    assert same_answer(warm["runs"][0], reference["turn_two"])
+
+
+# Per budget: where LONG's prefill steps end (each a kept state), and the longest of those within the 27 chunks
+# LONG_BRANCH shares with it. vLLM always stops at the prompt's last block boundary (8,960).
+BUDGETS = {
+    512: ([*range(512, 8704 + 1, 512), 8960], 6656),
+    2048: ([2048, 4096, 6144, 8192, 8960], 6144),
+    0: ([4096, 8192, 8960], 4096),  # vLLM's default for LLM on CPU: 4,096
+}
+
+
+@pytest.mark.parametrize("budget", [2048, 0])
+def test_a_long_prompt_hits_at_the_last_state_for_every_budget(model, reference, tmp_path, budget):
+    ends, hit = BUDGETS[budget]
+    result = run_pass(model, tmp_path, "connector",
+                      {"prompts": [LONG, LONG_BRANCH], "budget": budget, "forget": True})
+    assert state_ends(result)[: len(ends)] == ends
+    assert [r["cached"] for r in result["runs"]] == [0, hit]
+    assert same_answer(result["runs"][1], reference["long_branch"])
+
+
+def test_at_budget_512_and_a_state_part_gone_the_hit_falls_back_to_the_previous_state(model, reference, tmp_path):
+    """Budget 512 as above; then the state parts of the chunks ending at 6,656 (LONG's) and 7,168 (the branch's
+    own, stored by its first run) are removed from every tier, their attention parts stay: the same request hits
+    the state at 6,144 instead, with the same answer."""
+    ends, hit = BUDGETS[512]
+    job = {"prompts": [LONG, LONG_BRANCH, LONG_BRANCH], "budget": 512, "forget": True,
+           "evict": [{"after": 1, "prompt": 0, "ends": [6656]}, {"after": 1, "prompt": 1, "ends": [7168]}]}
+    result = run_pass(model, tmp_path, "connector", job)
+    assert state_ends(result)[: len(ends)] == ends
+    assert result["runs"][1]["evicted"] == 4  # two objects, each in local CPU and fs://
+    assert [r["cached"] for r in result["runs"]] == [0, hit, 6144]
+    assert same_answer(result["runs"][1], reference["long_branch"])
+    assert same_answer(result["runs"][2], reference["long_branch"])
+
+
+def test_negative_control_a_state_from_the_wrong_position_is_caught(model, reference, tmp_path):
+    """Planted: each state is also stored one chunk early, so LONG_BRANCH hits at 6,912 with 7,168's state."""
+    result = run_pass(model, tmp_path, "connector",
+                      {"prompts": [LONG, LONG_BRANCH], "budget": 512, "forget": True, "plant_early_states": True})
+    assert result["runs"][1]["cached"] == 6912
+    assert not same_answer(result["runs"][1], reference["long_branch"])
 
 
 def test_negative_control_state_not_restored_is_caught(model, reference, tmp_path):
-    cold = run_pass(model, tmp_path, "connector", [A, D], skip_groups="MambaSpec")
-    warm = run_pass(model, tmp_path, "connector", [A, D, E], skip_groups="MambaSpec")
-    assert "skipped group 0 (MambaSpec)" in warm["plan"]
-    assert [r["cached"] for r in warm["runs"]][:2] == [512, 512]
-    assert 1 in mismatches(cold, {"runs": reference["runs"][:2]})
-    assert mismatches(warm, reference)[:2] == [0, 1]
+    """The recurrent groups skipped (``platforms.skip_groups``: hits still claimed, state not restored)."""
+    result = run_pass(model, tmp_path, "connector", {"prompts": [A, A], "budget": 256, "forget": True,
+                                                      "extra": {"platforms.skip_groups": "MambaSpec"}})
+    assert "skipped group 0 (MambaSpec)" in result["plan"]
+    assert [r["cached"] for r in result["runs"]] == [0, 512]
+    assert same_answer(result["runs"][0], reference["a"]) and not same_answer(result["runs"][1], reference["a"])
 
 
-def test_a_step_budget_spanning_blocks_claims_no_hit_and_says_which_setting(model, reference, tmp_path):
-    """With a 4096-token budget vLLM runs A's first 512 tokens as one step, so no state exists at 256: the group
-    stays unrestorable, nothing is stored (so nothing can ever hit), and the start-up log names the fix."""
-    why = ("groups 0, 1, 2 (MambaSpec): max_num_batched_tokens 4096 lets one prefill step span several 256-token "
-           "blocks, and vLLM keeps the state only where a step ends: set max_num_batched_tokens below 512 (e.g. 256)")
-    result = run_pass(model, tmp_path, "connector", [A], max_num_batched_tokens=4096)
-    assert not result["hits_allowed"] and result["why"] == why and why in result["log"]
-    assert (result["chunks_stored"], result["chunks_loaded"]) == (0, 0)
-    assert result["runs"][0]["tokens"] == reference["runs"][0]["tokens"]
-
-
-def test_vllms_own_align_mode_prefix_caching_is_bit_exact_here(model, reference, tmp_path):
-    own = run_pass(model, tmp_path, "align", [A, D, E, A])
-    # vLLM keeps the state only at a few boundaries per prompt: D finds no 256-token hit there, ours does.
-    assert [r["cached"] for r in own["runs"]] == [0, 0, 256, 512]
-    assert mismatches({"runs": own["runs"][:3]}, reference) == []
-    assert mismatches({"runs": own["runs"][3:]}, {"runs": reference["runs"][:1]}) == []
+def test_vllms_own_align_mode_prefix_caching_hits_where_ours_does(model, turn_one, reference, tmp_path):
+    """vLLM's own prefix cache keeps the same states: in one engine, turn two hits 1,024 there too."""
+    own = run_pass(model, tmp_path, "align", {"prompts": [TURN_ONE, turn_one["turn_two"]], "max_tokens": [300, 6]})
+    assert [r["cached"] for r in own["runs"]] == [0, 1024]
+    assert same_answer(own["runs"][1], reference["turn_two"])
