@@ -9,7 +9,7 @@
   ``prompt``'s chunks ending at ``ends``;
 - ``plant_early_states``: a planted fault, each state also stored as the state of the chunk before it.
 
-It prints one JSON line: each request's tokens, top-5 logprobs and cached tokens, our group plan, LMCache's
+It prints one JSON line: each request's tokens, top-5 logprobs, cached tokens and seconds, our group plan, LMCache's
 chunk size, chunks stored and loaded, and the engines' health. MODE ``connector`` uses LMCache with a
 persistent ``fs://`` store in STORE (or the ``remote_url`` in ``extra``); ``plain`` runs vLLM alone with prefix
 caching off; ``align`` runs vLLM alone with its own prefix caching in align mode.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -101,8 +102,10 @@ def main(model: str, store: str, mode: str) -> None:
     for i, prompt in enumerate(job["prompts"]):
         limit = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
         params = SamplingParams(max_tokens=limit, temperature=0, logprobs=TOP_K)
+        started = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
         runs.append({"tokens": list(out.outputs[0].token_ids), "cached": out.num_cached_tokens,
+                     "seconds": time.perf_counter() - started,
                      "logprobs": [sorted((v.logprob, k) for k, v in step.items())[::-1][:TOP_K]
                                   for step in out.outputs[0].logprobs]})
         if job.get("forget"):
