@@ -111,9 +111,15 @@ BUDGETS = {
 
 @pytest.mark.parametrize("budget", [2048, 0])
 def test_a_long_prompt_hits_at_the_last_state_for_every_budget(model, reference, tmp_path, budget):
+    """At 2,048 the user's LMCache chunk size is 128, no multiple of the block: the block replaces it."""
     ends, hit = BUDGETS[budget]
+    extra = {"lmcache.chunk_size": 128} if budget == 2048 else {}
     result = run_pass(model, tmp_path, "connector",
-                      {"prompts": [LONG, LONG_BRANCH], "budget": budget, "forget": True})
+                      {"prompts": [LONG, LONG_BRANCH], "budget": budget, "forget": True, "extra": extra})
+    assert result["chunk_size"] == 256
+    if extra:
+        assert ("recurrent state groups: LMCache chunk_size 128 is not a multiple of vLLM's block of 256 tokens, "
+                "where the states are kept; using chunk_size 256") in result["log"]
     assert state_ends(result)[: len(ends)] == ends
     assert [r["cached"] for r in result["runs"]] == [0, hit]
     assert same_answer(result["runs"][1], reference["long_branch"])
