@@ -1,6 +1,7 @@
 """The connector names most LMCache users configure, served by ``vllm serve`` with this package installed:
-vLLM's ``LMCacheConnectorV1`` (a dense model, and a Gemma-3-like hybrid, which vLLM then serves with one
-KV-cache group) and LMCache's ``LMCacheConnectorV1Dynamic`` through its module path (the dense model). A cold
+vLLM's ``LMCacheConnectorV1`` (a Gemma-3-like hybrid, which vLLM then serves with one KV-cache group; the dense
+model under that name runs in-process in ``tests/integration/test_upstream_names_inprocess.py``, one vLLM server
+start pair less) and LMCache's ``LMCacheConnectorV1Dynamic`` through its module path (the dense model). A cold
 server answers each prompt twice (the repeat loads from LMCache: vLLM's prefix cache is off), a fresh server loads
 every whole chunk from Redis; answers (tokens and top-5 logits) are identical to the cold ones (which computed
 everything, as vLLM without a connector does: ``tests/integration/test_upstream_names_inprocess.py`` compares
@@ -37,11 +38,9 @@ def _requests(vocab: int) -> list[Request]:
 
 @pytest.mark.parametrize(("model", "connector"), [
     (TINY_MODEL, {"kv_connector": "LMCacheConnectorV1"}),
-    (TINY_DENSE_MODEL, {"kv_connector": "LMCacheConnectorV1"}),
     (TINY_DENSE_MODEL, {"kv_connector": "LMCacheConnectorV1Dynamic",
                         "kv_connector_module_path": "lmcache.integration.vllm.lmcache_connector_v1"}),
-], ids=["vllm-LMCacheConnectorV1-gemma3", "vllm-LMCacheConnectorV1-dense",
-        "lmcache-LMCacheConnectorV1Dynamic-dense"])
+], ids=["vllm-LMCacheConnectorV1-gemma3", "lmcache-LMCacheConnectorV1Dynamic-dense"])
 def test_upstream_name_serves_identically_with_exact_hits(tmp_path: Path, model: ModelSpec,
                                                           connector: dict[str, str]) -> None:
     if shutil.which("redis-server") is None:
