@@ -44,6 +44,7 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # LMCache's vLLM adapter: MultiGroupConnectorImpl subclasses it (through impl_state.ImplState) and uses its
     # private state, each name where it is read first.
     UpstreamName(_V1_IMPL, "_init_connector_state", _IMPL + "impl_state.py"),
+    UpstreamName(_V1_IMPL, "_apply_extra_config", _IMPL + "impl_state.py"),
     *(UpstreamName(_V1_IMPL, name, _IMPL + module, instance=True) for name, module in (
         ("_parent", "impl_state.py"), ("_block_size", "impl_state.py"), ("_vllm_config", "lifecycle.py"),
         ("_manager", "engine_impl.py"), ("_lmcache_chunk_size", "lifecycle.py"),
