@@ -162,3 +162,14 @@ def test_vllms_own_align_mode_prefix_caching_hits_where_ours_does(model, turn_on
     own = run_pass(model, tmp_path, "align", {"prompts": [TURN_ONE, turn_one["turn_two"]], "max_tokens": [300, 6]})
     assert [r["cached"] for r in own["runs"]] == [0, 1024]
     assert same_answer(own["runs"][1], reference["turn_two"])
+
+
+def test_chunks_stored_whole_carry_a_state_each_and_hit_where_every_chunk_kept_one(model, reference, tmp_path):
+    """``platforms.chunk_parts: whole``: a chunk is stored only with its state; at a one-block budget every
+    chunk keeps one, so the whole prefix hits, and the start-up log says what whole chunks cost."""
+    result = run_pass(model, tmp_path, "connector", {"prompts": [A, A], "budget": 256, "forget": True,
+                                                      "extra": {"platforms.chunk_parts": "whole"}})
+    assert "recurrent state groups with chunks stored whole" in result["log"]
+    assert state_ends(result) == [256, 512]
+    assert [r["cached"] for r in result["runs"]] == [0, 512]
+    assert same_answer(result["runs"][0], reference["a"]) and same_answer(result["runs"][1], reference["a"])
