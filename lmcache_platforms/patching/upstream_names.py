@@ -37,7 +37,9 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_get_connector_metadata",
                  _IMPL + "worker_side.py"),
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_kv_cache_config",
-                 _IMPL + "impl_state.py", instance=True),
+                 _IMPL + "vllm_compat.py", instance=True),
+    # vLLM's CPU attention backend: which kernel ISA (hence cache layout) it picks, for layers not recording it.
+    UpstreamName("vllm.v1.attention.backends.cpu_attn", "_get_attn_isa", _IMPL + "vllm_compat.py"),
     # vLLM's connector metrics base class: our Prometheus families are built with the metric classes it was given.
     *(UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.metrics:KVConnectorPromMetrics", name,
                    "integration/vllm/stats.py", instance=True) for name in ("_counter_cls", "_histogram_cls")),

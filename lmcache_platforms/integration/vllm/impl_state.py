@@ -19,6 +19,7 @@ from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl
 from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.protocol import LayoutConnector
+from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, recurrent_block_sizes, single_group_plan
 from lmcache_platforms.integration.vllm.model_identity import ModelIdentity, model_identity
@@ -41,13 +42,6 @@ def _settings(lmcache_config: LMCacheEngineConfig, vllm_config: VllmConfig) -> P
     LMCache's ``extra_config``."""
     return connector_settings(lmcache_config, getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config",
                                                       None))
-
-
-def _reports_failed_loads() -> bool:
-    """Whether this vLLM takes per-request load failures (``KVConnectorTransferResults.failed_recving``)."""
-    from vllm.distributed.kv_transfer.kv_connector.v1 import base
-
-    return hasattr(base, "KVConnectorTransferResults")
 
 
 class ImplState(LMCacheConnectorV1Impl):
@@ -80,7 +74,7 @@ class ImplState(LMCacheConnectorV1Impl):
         """Upstream's ``lmcache.*`` keys, then the chunk size recurrent groups need (``recurrent.chunk_size_for``),
         before upstream creates the LMCache engine with it; scheduler and workers choose alike."""
         super()._apply_extra_config(config, vllm_config)
-        kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
+        kv_cache_config = vllm_compat.kv_cache_config(self._parent)
         blocks = recurrent_block_sizes(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else []
         if not blocks:
             return
@@ -96,7 +90,7 @@ class ImplState(LMCacheConnectorV1Impl):
         super()._init_connector_state(role, vllm_config, config)
         self.settings = _settings(config, vllm_config)
         self.model = model_identity(vllm_config.model_config, self.settings.model_revision)
-        kv_cache_config = getattr(self._parent, "_kv_cache_config", None)
+        kv_cache_config = vllm_compat.kv_cache_config(self._parent)
         if kv_cache_config is None:
             self.plan = single_group_plan(self._block_size)
             self._num_blocks = None
@@ -111,7 +105,7 @@ class ImplState(LMCacheConnectorV1Impl):
         # Loads in vLLM's wait state: needs a wrapper that carries them and vLLM's per-request failure report
         # (0.32+; 0.23 has none).
         self.contract = contract_of(self._parent)
-        self.waits_for_loads = self.contract.loads_wait and _reports_failed_loads() and (
+        self.waits_for_loads = self.contract.loads_wait and vllm_compat.reports_failed_loads() and (
             self.settings.load_mode == "async" or self.plan.multi_group)
         self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
         # What vLLM's stats line and /metrics show (taken by the connector every step).

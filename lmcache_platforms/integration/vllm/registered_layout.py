@@ -20,6 +20,7 @@ import torch
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.cpu_cache_probe import FP8_CACHE_DTYPES, probe_cpu_layout
 from lmcache_platforms.integration.vllm.groups import GroupPlan
+from lmcache_platforms.integration.vllm.vllm_compat import cpu_attention_isa
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry
 from lmcache_platforms.layout.plane import Plane
@@ -79,10 +80,8 @@ def vllm_hint_for(vllm_config: Any) -> HintFor:
         block_size, head_size = value.shape[2], value.shape[3] // 2
         isa = getattr(context.get(layer_name), "isa", None)
         if isa is None:
-            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-            isa = _get_attn_isa(input_dtype if cache_dtype in FP8_CACHE_DTYPES else value.dtype, block_size,
-                                head_size, cache_dtype)
+            isa = cpu_attention_isa(input_dtype if cache_dtype in FP8_CACHE_DTYPES else value.dtype, block_size,
+                                    head_size, cache_dtype)
         return probe_cpu_layout(str(isa), value.dtype, block_size, head_size, cache_dtype, input_dtype)
 
     return hint

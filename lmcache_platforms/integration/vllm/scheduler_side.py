@@ -17,6 +17,7 @@ from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
 from lmcache_platforms.integration.vllm.request_scope import ScopedLookups, looking_up, scoped_configs
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
+from lmcache_platforms.integration.vllm.vllm_compat import failed_loads, resumed_from_preemption
 from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:
@@ -45,14 +46,6 @@ def warn_about_failure_policy(vllm_config: VllmConfig, hits_allowed: bool) -> No
                    "(evicted chunk, unreachable or corrupt remote store) ends with an error instead of being "
                    "recomputed. Add \"kv_load_failure_policy\": \"recompute\" to --kv-transfer-config to serve "
                    "it anyway.")
-
-
-def _is_resumed(cached_reqs: Any, index: int, req_id: str) -> bool:
-    if hasattr(cached_reqs, "resumed_req_ids"):
-        return req_id in cached_reqs.resumed_req_ids
-    if hasattr(cached_reqs, "resumed_from_preemption"):
-        return bool(cached_reqs.resumed_from_preemption[index])
-    raise AttributeError(f"cannot tell whether request {req_id} resumed from preemption with this vLLM")
 
 
 class SchedulerSide(ImplState):
@@ -135,7 +128,7 @@ class SchedulerSide(ImplState):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Scheduler side: remember failed wait-state loads, so the request is recomputed and saved anew."""
-        for req_id in getattr(connector_output, "failed_recving", None) or ():
+        for req_id in failed_loads(connector_output):
             self._failed_loads.add(req_id)
             self._loaded_while_waiting[req_id] = 0
 
@@ -210,7 +203,7 @@ class SchedulerSide(ImplState):
         load_spec = self._pop_load_spec(req_id)
         new_block_ids = cached.new_block_ids[index]
         num_computed = request.num_computed_tokens
-        if _is_resumed(cached, index, req_id):
+        if resumed_from_preemption(cached, index, req_id):
             tracker.request_configs = self._request_configs(request)  # looked up again: maybe after a reset
             tracker.resume(request.all_token_ids, new_block_ids, num_computed, num_new,
                            self._loaded_tokens(req_id, load_spec))

