@@ -1,9 +1,11 @@
 """LMCache GPU connector for any KV layout: every transfer group of a chunk in one MemoryObj, or (``split``)
 one MemoryObj per chunk part (``connector.parts``).
 
-Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``); rows per chunk
-come from the layout (sliding-window tails, compressed rows), never from the token count. The kwargs it
-reads are documented in ``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when
+Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``); every object
+carries a checksum of its bytes, written by the store and checked by a load before it writes anything
+(``connector.checksum``, ``connector.verified_loads``). Rows per chunk come from the layout (sliding-window
+tails, compressed rows), never from the token count. The kwargs it reads are documented in
+``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when
 the KV caches are registered, which must happen before the engine's ``post_init`` and the first store.
 """
 
@@ -19,6 +21,7 @@ from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.parts import current_part
 from lmcache_platforms.connector.request import block_ids_from, check_chunk, run_guarded
+from lmcache_platforms.connector.verified_loads import report_corrupt
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.parts import ChunkPart, chunk_parts
@@ -99,6 +102,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             for host, chunk_slots in zip(hosts, slots, strict=True):
                 binding.store(fmt, host, chunk_slots)
         binding.streams.finish_store()
+        binding.seal(fmt, hosts)
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
 
@@ -111,8 +115,13 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         def write() -> None:
             # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
             # chunk of another layout) is then one failed load, and LMCache's retrieve still releases its
-            # references to every chunk instead of leaking them when this raised out of it.
+            # references to every chunk instead of leaking them when this raised out of it. So does the checksum
+            # check, of every object before the first write: a corrupt one leaves the KV cache untouched.
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+            corrupt = binding.corrupt(fmt, hosts)
+            if corrupt:
+                report_corrupt([(starts[i], ends[i]) for i in corrupt])
+                return
             slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
                 for host, chunk_slots in zip(hosts, slots, strict=True):
