@@ -199,28 +199,29 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
 
 
 def _checksummed(moves: list[tuple[torch.Tensor, list[Move]]], backend, payload: int) -> dict[str, Callable[[], None]]:
-    """Store then seal each object, check each object then load it, and the checksum alone (CPU objects)."""
+    """Store then seal the batch's objects, check them then load, and the checksum alone (CPU objects), as the
+    connector does per batch of chunks."""
     from lmcache_platforms.connector import checksum
     from lmcache_platforms.kernels.contract import Direction
 
     per_object = payload // len(moves)
+    objects = [obj for obj, _ in moves]
 
     def store() -> None:
-        for obj, chunk in moves:
+        for _, chunk in moves:
             for m in chunk:
                 backend.transfer(m.planes, m.slots, m.buffer, Direction.STORE)
-            checksum.seal(obj, per_object)
+        checksum.seal(objects, per_object)
 
     def load() -> None:
-        for obj, chunk in moves:
-            if not checksum.intact(obj, per_object):
-                raise RuntimeError("bench: a sealed object failed its checksum")
+        if checksum.mismatched(objects, per_object):
+            raise RuntimeError("bench: a sealed object failed its checksum")
+        for _, chunk in moves:
             for m in chunk:
                 backend.transfer(m.planes, m.slots, m.buffer, Direction.LOAD)
 
     def crc() -> None:
-        for obj, _ in moves:
-            checksum.payload_checksum(obj, per_object)
+        checksum.checksums(objects, per_object)
 
     return {"store_checksummed": store, "load_checksummed": load, "checksum": crc}
 

@@ -137,14 +137,13 @@ class LayoutBinding:
 
     @staticmethod
     def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> None:
-        """Write each stored object's checksum trailer; call once its bytes are in host memory."""
-        for host in hosts:
-            checksum.seal(host, fmt.payload_bytes)
+        """Write each stored object's checksum trailer; call once their bytes are in host memory."""
+        checksum.seal(hosts, fmt.payload_bytes)
 
     @staticmethod
     def corrupt(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[int]:
         """Indices of the objects whose payload does not match their trailer; check before loading any."""
-        return [i for i, host in enumerate(hosts) if not checksum.intact(host, fmt.payload_bytes)]
+        return checksum.mismatched(hosts, fmt.payload_bytes)
 
     def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor]) -> None:
         """``host`` -> planes, ``slots`` from ``slots_per_chunk``; call inside ``streams.loading()``."""

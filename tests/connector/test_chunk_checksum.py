@@ -32,16 +32,30 @@ def test_any_single_flipped_byte_of_payload_or_trailer_is_caught(payload: bytes,
     padding = data.draw(st.integers(0, 16))
     flat = torch.zeros(len(payload) + TRAILER_BYTES + padding, dtype=torch.uint8)
     flat[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    checksum.seal(flat, len(payload))
-    assert checksum.intact(flat, len(payload))
+    checksum.seal([flat], len(payload))
+    assert checksum.mismatched([flat], len(payload)) == []
     where = data.draw(st.integers(0, len(payload) + TRAILER_BYTES - 1))
     flat[where] ^= data.draw(st.integers(1, 255))
-    assert not checksum.intact(flat, len(payload))
+    assert checksum.mismatched([flat], len(payload)) == [0]
+
+
+def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects of several stripes, hashed on several threads: each flip is pinned on its own object."""
+    monkeypatch.setattr(checksum, "STRIPE_BYTES", 4096)
+    torch.manual_seed(0)
+    payload = 5 * 4096 + 123
+    flats = [torch.randint(0, 256, (payload + TRAILER_BYTES,), dtype=torch.uint8) for _ in range(4)]
+    checksum.seal(flats, payload)
+    assert checksum.mismatched(flats, payload) == []
+    for index, where in ((1, 0), (3, 4 * 4096 + 7), (2, payload - 1)):
+        flats[index][where] ^= 1
+        assert checksum.mismatched(flats, payload) == [index]
+        flats[index][where] ^= 1
 
 
 def test_an_unsealed_object_is_not_intact() -> None:
     """An object written without a trailer (all zeros where it belongs) never passes."""
-    assert not checksum.intact(torch.zeros(64 + TRAILER_BYTES, dtype=torch.uint8), 64)
+    assert checksum.mismatched([torch.zeros(64 + TRAILER_BYTES, dtype=torch.uint8)], 64) == [0]
 
 
 def _planes(layout) -> list[torch.Tensor]:
@@ -154,7 +168,7 @@ def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tie
 
 def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: with the check accepting everything, the flipped object loads as a hit with wrong KV."""
-    monkeypatch.setattr(checksum, "intact", lambda flat, payload_bytes: True)
+    monkeypatch.setattr(checksum, "mismatched", lambda flats, payload_bytes: [])
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=21)
     request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=21)
     stored = roundtrip.snapshot(layout, request)
