@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmcache_platforms.connector.checksum import FORMAT_VERSION, TRAILER_BYTES
+from lmcache_platforms.connector.checksum import TRAILER_BYTES, format_version
 from lmcache_platforms.layout.kv_layout import KVLayout, TransferGroup
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
@@ -66,7 +66,7 @@ def _launches(units: Sequence[tuple[TransferGroup, tuple[Plane, ...]]]) -> tuple
 
 def _fingerprint(chunk_size: int, launches: Sequence[Launch]) -> str:
     """Changes whenever the byte order of a chunk would, so differently laid-out chunks never share a key."""
-    digest = hashlib.sha256(f"{chunk_size}|{FORMAT_VERSION}".encode())
+    digest = hashlib.sha256(f"{chunk_size}|{format_version()}".encode())
     for launch in launches:
         digest.update(f"|{launch.tg.group}:{launch.tg.rows_per_chunk}:{launch.offset}".encode())
         for p in launch.planes:

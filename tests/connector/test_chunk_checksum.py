@@ -220,3 +220,17 @@ def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> No
         with pytest.raises(ChecksumMismatch, match=r"chunk \[0, 64\) fails its checksum"):
             bare(torch.tensor(request.tokens), block_ids=request.load_ids, request_configs=engine.tags)
         assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))
+
+
+def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback still catches flips, and its objects never share keys with the native checksum's."""
+    native_version = checksum.format_version()
+    monkeypatch.setattr(checksum, "native", lambda: None)
+    assert checksum.format_version() != native_version
+    torch.manual_seed(1)
+    payload = 3 * checksum.STRIPE_BYTES + 5
+    flats = [torch.randint(0, 256, (payload + TRAILER_BYTES,), dtype=torch.uint8) for _ in range(3)]
+    checksum.seal(flats, payload)
+    assert checksum.mismatched(flats, payload) == []
+    flats[2][checksum.STRIPE_BYTES + 1] ^= 0x80
+    assert checksum.mismatched(flats, payload) == [2]
