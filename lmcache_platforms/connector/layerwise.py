@@ -23,6 +23,7 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemLayerwiseGPUConnector
 
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.checksum import format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, step_formats
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
@@ -60,8 +61,9 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
         self.formats = step_formats(layout, self.num_layers, self.metadata.kv_dtype)
         self.binding = LayoutBinding(layout, self.formats, self.kernel_backend)
         describe_chunks(self.metadata, self.formats[0])
-        logger.info("bound layout layerwise: %d steps of %d bytes, kernels %s, key tag %s", self.num_layers,
-                    self.formats[0].nbytes, ",".join(self.binding.backend_names), self.binding.fingerprint)
+        logger.info("bound layout layerwise: %d steps of %d bytes, kernels %s, checksum %s, key tag %s",
+                    self.num_layers, self.formats[0].nbytes, ",".join(self.binding.backend_names), format_version(),
+                    self.binding.fingerprint)
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         self._bound()

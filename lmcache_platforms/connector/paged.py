@@ -17,6 +17,7 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.checksum import format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.parts import current_part
@@ -58,10 +59,11 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         if self.metadata is not None:
             describe_chunks(self.metadata, fmt, part_formats)
         logger.info(
-            "bound layout: %d transfer groups, %d bytes per chunk (%s mode)%s, kernels %s, key tag %s",
+            "bound layout: %d transfer groups, %d bytes per chunk (%s mode)%s, kernels %s, checksum %s, key tag %s "
+            "(chunks stored under another format or checksum have other keys and miss)",
             len(layout.transfer_groups), fmt.payload_bytes, layout.mode,
             "".join(f", part {p.name} {f.payload_bytes} bytes" for p, f in zip(parts, part_formats, strict=True)),
-            ",".join(self.binding.backend_names), self.binding.fingerprint,
+            ",".join(self.binding.backend_names), format_version(), self.binding.fingerprint,
         )
 
     def _format(self) -> ChunkFormat:
