@@ -24,6 +24,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ def checksums(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[int]:
                 lib.stripes(hosts[index].data_ptr(), payload_bytes, STRIPE_BYTES, first, last,
                             crcs[index].data_ptr() + 4 * first)
                 continue
-            data = hosts[index][:payload_bytes].numpy()
+            data: Any = hosts[index][:payload_bytes].numpy()  # zlib reads it through the buffer protocol
             crcs[index].numpy().view("<u4")[first:last] = [
                 zlib.crc32(data[k * STRIPE_BYTES : (k + 1) * STRIPE_BYTES]) for k in range(first, last)]
 
