@@ -10,7 +10,10 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from lmcache_platforms.kernels.cpu_backend import load_library
+from lmcache_platforms.kernels.cpu_backend import REBUILD_HINT, load_library
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
 
 
 class NativeCrc32c:
@@ -44,6 +47,10 @@ class NativeCrc32c:
 def native() -> NativeCrc32c | None:
     """The native CRC-32C, or None without a (current) native library."""
     lib, _ = load_library()
-    if lib is None or not hasattr(lib, "lmcp_crc32c_portable"):
+    if lib is None:
+        return None
+    if not hasattr(lib, "lmcp_crc32c_portable"):
+        logger.warning("the native CPU library predates its CRC-32C: chunk checksums use zlib's CRC-32, slower, "
+                       "and servers with a current build do not share chunks with this one; %s", REBUILD_HINT)
         return None
     return NativeCrc32c(lib)
