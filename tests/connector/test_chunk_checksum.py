@@ -234,3 +234,40 @@ def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypa
     assert checksum.mismatched(flats, payload) == []
     flats[2][checksum.STRIPE_BYTES + 1] ^= 0x80
     assert checksum.mismatched(flats, payload) == [2]
+
+
+def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
+    """Through a real engine: whichever byte of the payload or trailer of a cached chunk object flips, the load
+    reports no token, writes nothing, and the object is gone; stored again, it loads bit for bit."""
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=8)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=8)
+    stored = roundtrip.snapshot(layout, request)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
+    original = _planes(layout)
+
+    def restored() -> None:
+        for plane, saved in zip(roundtrip.all_planes(layout), original, strict=True):
+            plane.storage.copy_(saved)
+
+    with LayoutEngine(layout, storage) as engine:
+        payload = engine.connector.fmt.payload_bytes
+
+        @settings(max_examples=25, deadline=None)
+        @given(st.integers(0, payload + TRAILER_BYTES - 1), st.integers(1, 255))
+        def flipped(where: int, bits: int) -> None:
+            restored()
+            engine.store(request.tokens, request.store_ids)
+            (key,) = _chunk_keys(engine, request.tokens, engine.tags)
+            hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+            hot[key].tensor.reshape(-1).view(torch.uint8)[where] ^= bits
+            roundtrip.zero_planes(layout)
+            assert engine.retrieve(request.tokens, request.load_ids) == 0
+            assert not any(p.storage.any() for p in roundtrip.all_planes(layout))
+            assert key not in hot and engine.lookup(request.tokens) == 0
+
+        flipped()
+        restored()
+        engine.store(request.tokens, request.store_ids)
+        roundtrip.zero_planes(layout)
+        hit = engine.retrieve(request.tokens, request.load_ids)
+        assert roundtrip.verify(layout, request, stored, hit).bit_exact and hit == layout.chunk_size
