@@ -32,7 +32,7 @@ class OptionalBuildExt(build_ext):
 
 cpu_kernels = Extension(
     "lmcache_platforms.kernels._cpu_transfer",
-    sources=["csrc/cpu/kv_transfer.c"],
+    sources=["csrc/cpu/kv_transfer.c", "csrc/cpu/crc32c.c"],
     depends=["csrc/lmcp_plane_table.h"],
     extra_compile_args=["-O3", "-std=c11", "-pthread"],
     extra_link_args=["-pthread"],

@@ -1,10 +1,12 @@
 """Transfer speed of a layout's whole chunks (store and load) against a plain copy of the same bytes.
 
-Every transfer group of every whole chunk is moved with real slot lists (random distinct non-null blocks).
-Store, load and plain copies of the same byte count (`Tensor.copy_`, and on CPU a contiguous copy through
-the native library's thread pool; same thread count, the faster one is the memcpy reference) are timed in
-interleaved rounds after a warm-up, best of --repeats each; where upstream LMCache 0.5.6's own torch path
-can move the layout, it is timed the same way against its own copies.
+Every transfer group of every whole chunk is moved with real slot lists (random distinct non-null blocks), into
+and out of one object per chunk laid out as the connector lays out LMCache's MemoryObjs. Store, load, the same
+store and load with the objects' checksum (sealed after the store, checked before the load, as the connector
+does on CPU memory objects), and plain copies of the same byte count (`Tensor.copy_`, and on CPU a contiguous
+copy through the native library's thread pool; same thread count, the faster one is the memcpy reference) are
+timed in interleaved rounds after a warm-up, best of --repeats each; where upstream LMCache 0.5.6's own torch
+path can move the layout, it is timed the same way against its own copies.
 """
 
 from __future__ import annotations
@@ -92,17 +94,22 @@ def _block_ids(spec):
     return ids
 
 
-def _moves(layout, block_ids, chunks: int, device) -> list[list[Move]]:
+def _moves(layout, block_ids, chunks: int, device) -> list[tuple[torch.Tensor, list[Move]]]:
+    """Per chunk: its object (the connector's chunk format) and one move per transfer group into its region."""
     import torch
 
+    from lmcache_platforms.connector.chunk_format import paged_format
+
+    fmt = paged_format(layout)
     out = []
     for c in range(chunks):
         start, end = c * layout.chunk_size, (c + 1) * layout.chunk_size
-        out.append([
-            Move(tg.planes, layout.chunk_slots(tg, block_ids, start, end).to(device),
-                 torch.empty(tg.bytes_per_chunk, dtype=torch.uint8, device=device))
-            for tg in layout.transfer_groups
-        ])
+        obj = torch.zeros(fmt.nbytes, dtype=torch.uint8, device=device)
+        out.append((obj, [
+            Move(launch.planes, layout.chunk_slots(launch.tg, block_ids, start, end).to(device),
+                 obj[launch.offset : launch.offset + launch.nbytes])
+            for launch in fmt.launches
+        ]))
     return out
 
 
@@ -167,13 +174,13 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     preference = args.backend or settings.kernel_backend
     backend = select_backend([p for tg in layout.transfer_groups for p in tg.planes], device, preference)
     moves = _moves(layout, block_ids, chunks, device)
-    moved = sum(m.buffer.numel() for chunk in moves for m in chunk)
+    moved = sum(m.buffer.numel() for _, chunk in moves for m in chunk)
     calls = 0
 
     def run(direction: Direction) -> Callable[[], None]:
         def move() -> None:
             nonlocal calls
-            for chunk in moves:
+            for _, chunk in moves:
                 for m in chunk:
                     backend.transfer(m.planes, m.slots, m.buffer, direction)
                     calls += 1
@@ -182,11 +189,41 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
 
     copies = copiers(moved, device)
     works: dict[str, Callable[[], object]] = {"store": run(Direction.STORE), "load": run(Direction.LOAD)}
+    if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
+        works.update(_checksummed(moves, backend, moved))
     works.update({name: work for name, (work, _) in copies.items()})
     best = best_of_rounds(works, sync, args.repeats)
     best.update(best_copy(best, copies))
     launches = calls // (2 * (args.repeats + 1) * chunks)
     return {"backend": backend.name, "bytes": moved, "launches_per_chunk": launches, **best}
+
+
+def _checksummed(moves: list[tuple[torch.Tensor, list[Move]]], backend, payload: int) -> dict[str, Callable[[], None]]:
+    """Store then seal the batch's objects, check them then load, and the checksum alone (CPU objects), as the
+    connector does per batch of chunks."""
+    from lmcache_platforms.connector import checksum
+    from lmcache_platforms.kernels.contract import Direction
+
+    per_object = payload // len(moves)
+    objects = [obj for obj, _ in moves]
+
+    def store() -> None:
+        for _, chunk in moves:
+            for m in chunk:
+                backend.transfer(m.planes, m.slots, m.buffer, Direction.STORE)
+        checksum.seal(objects, per_object)
+
+    def load() -> None:
+        if checksum.mismatched(objects, per_object):
+            raise RuntimeError("bench: a sealed object failed its checksum")
+        for _, chunk in moves:
+            for m in chunk:
+                backend.transfer(m.planes, m.slots, m.buffer, Direction.LOAD)
+
+    def crc() -> None:
+        checksum.checksums(objects, per_object)
+
+    return {"store_checksummed": store, "load_checksummed": load, "checksum": crc}
 
 
 def _time_upstream(spec, block_ids, chunks: int, device, sync, args) -> dict | None:
@@ -239,6 +276,12 @@ def measure(args: argparse.Namespace) -> dict:
         "upstream_store_x_memcpy": upstream["store_x"] if upstream else None,
         "upstream_load_x_memcpy": upstream["load_x"] if upstream else None,
         "launches_per_chunk": ours["launches_per_chunk"],
+        # The same store and load with each object's checksum (None off CPU), and the checksum alone.
+        "store_checksummed_x_memcpy": ours["copy"] / ours["store_checksummed"] if "checksum" in ours else None,
+        "load_checksummed_x_memcpy": ours["copy"] / ours["load_checksummed"] if "checksum" in ours else None,
+        "checksum_store_cost": ours["store_checksummed"] / ours["store"] - 1 if "checksum" in ours else None,
+        "checksum_load_cost": ours["load_checksummed"] / ours["load"] - 1 if "checksum" in ours else None,
+        "checksum_GBps": moved / ours["checksum"] / GIB if "checksum" in ours else None,
     }
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, layout_fingerprint
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
@@ -133,6 +134,16 @@ class LayoutBinding:
             self.counters.backends.add(backend.name)
         if target is not host:
             host[: fmt.payload_bytes].copy_(target, non_blocking=True)
+
+    @staticmethod
+    def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> None:
+        """Write each stored object's checksum trailer; call once their bytes are in host memory."""
+        checksum.seal(hosts, fmt.payload_bytes)
+
+    @staticmethod
+    def corrupt(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[int]:
+        """Indices of the objects whose payload does not match their trailer; check before loading any."""
+        return checksum.mismatched(hosts, fmt.payload_bytes)
 
     def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor]) -> None:
         """``host`` -> planes, ``slots`` from ``slots_per_chunk``; call inside ``streams.loading()``."""

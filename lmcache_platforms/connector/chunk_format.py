@@ -5,8 +5,9 @@ only the first shape/dtype of a multi-tensor object (``.tensor`` even raises for
 chunk could not be written to disk. Every launch owns a byte range of that tensor instead; all groups of a
 chunk (or of one chunk part, ``connector.parts``) live and die together under one key.
 
-The byte count is padded to a multiple of ``chunk_size`` elements because LMCache's remote connectors
-assert that a full chunk divides into whole "tokens"; the padding is never read.
+After the launches' bytes (the payload) comes the checksum trailer (``connector.checksum``), then padding to
+a multiple of ``chunk_size`` elements, because LMCache's remote connectors assert that a full chunk divides
+into whole "tokens"; the padding is never read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmcache_platforms.connector.checksum import TRAILER_BYTES, format_version
 from lmcache_platforms.layout.kv_layout import KVLayout, TransferGroup
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
@@ -49,7 +51,7 @@ class ChunkFormat:
 
     @property
     def payload_bytes(self) -> int:
-        """Bytes the launches fill (the rest is padding)."""
+        """Bytes the launches fill (the checksum trailer follows them, then padding)."""
         return sum(launch.nbytes for launch in self.launches)
 
 
@@ -64,7 +66,7 @@ def _launches(units: Sequence[tuple[TransferGroup, tuple[Plane, ...]]]) -> tuple
 
 def _fingerprint(chunk_size: int, launches: Sequence[Launch]) -> str:
     """Changes whenever the byte order of a chunk would, so differently laid-out chunks never share a key."""
-    digest = hashlib.sha256(str(chunk_size).encode())
+    digest = hashlib.sha256(f"{chunk_size}|{format_version()}".encode())
     for launch in launches:
         digest.update(f"|{launch.tg.group}:{launch.tg.rows_per_chunk}:{launch.offset}".encode())
         for p in launch.planes:
@@ -88,7 +90,7 @@ def paged_format(layout: KVLayout, transfer_groups: Sequence[int] | None = None)
                                                                      for i in transfer_groups]
     launches = _launches([(tg, tg.planes) for tg in chosen])
     total = sum(launch.nbytes for launch in launches)
-    elements = _padded_elements(total, layout.chunk_size, torch.uint8)
+    elements = _padded_elements(total + TRAILER_BYTES, layout.chunk_size, torch.uint8)
     shape = torch.Size([1, 1, layout.chunk_size, elements // layout.chunk_size])
     return ChunkFormat(launches, shape, torch.uint8, _fingerprint(layout.chunk_size, launches))
 
@@ -110,7 +112,7 @@ def step_formats(layout: KVLayout, steps: int, dtype: torch.dtype) -> list[Chunk
     """One format per layerwise step; all share one shape ``[chunk_size, 1, n]`` of ``dtype``.
 
     LMCache allocates every layer's object with the same shape and the model dtype, so each step is padded
-    to the largest. A step covers a contiguous run of the layout's layers (all their planes).
+    to the largest (with its trailer). A step covers a contiguous run of the layout's layers (all their planes).
     """
     parts = split_layers([entry.name for entry in layout.layers], steps)
     owner = {p: i for i, names in enumerate(parts) for entry in layout.layers if entry.name in names
@@ -124,7 +126,7 @@ def step_formats(layout: KVLayout, steps: int, dtype: torch.dtype) -> list[Chunk
                 units.append((tg, planes))
         per_step.append(_launches(units))
     widest = max(sum(launch.nbytes for launch in launches) for launches in per_step)
-    elements = _padded_elements(widest, layout.chunk_size, dtype)
+    elements = _padded_elements(widest + TRAILER_BYTES, layout.chunk_size, dtype)
     shape = torch.Size([layout.chunk_size, 1, elements // layout.chunk_size])
     return [ChunkFormat(launches, shape, dtype, _fingerprint(layout.chunk_size, launches))
             for launches in per_step]

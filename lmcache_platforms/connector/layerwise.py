@@ -10,6 +10,9 @@ and synchronizes that step on the next resume, before LMCache puts its objects; 
 Load: ``batched_to_gpu(starts, ends, **kw)`` is primed with ``next``, then receives each step's objects with
 ``send``; a final ``next`` waits for the last step. Kwargs as in ``connector.request`` (``block_ids``,
 ``sync``).
+Every step's object carries its own checksum (``connector.checksum``), checked before that step is written;
+a mismatch raises ``ChecksumMismatch`` (LMCache's layerwise retrieve is not wrapped by
+``connector.verified_loads``), so that step and the ones after it are never written.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemLayerwiseGPUConnector
 
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.checksum import format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, step_formats
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
+from lmcache_platforms.connector.verified_loads import ChecksumMismatch
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.parts import ChunkPart
@@ -56,8 +61,9 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
         self.formats = step_formats(layout, self.num_layers, self.metadata.kv_dtype)
         self.binding = LayoutBinding(layout, self.formats, self.kernel_backend)
         describe_chunks(self.metadata, self.formats[0])
-        logger.info("bound layout layerwise: %d steps of %d bytes, kernels %s, key tag %s", self.num_layers,
-                    self.formats[0].nbytes, ",".join(self.binding.backend_names), self.binding.fingerprint)
+        logger.info("bound layout layerwise: %d steps of %d bytes, kernels %s, checksum %s, key tag %s",
+                    self.num_layers, self.formats[0].nbytes, ",".join(self.binding.backend_names), format_version(),
+                    self.binding.fingerprint)
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         self._bound()
@@ -83,6 +89,7 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
                     binding.store(fmt, host, chunk_slots)
             yield
             binding.streams.finish_store()
+            binding.seal(fmt, hosts)
         binding.counters.chunks_stored += len(starts)
         yield
 
@@ -96,6 +103,10 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             if sync and step:
                 binding.streams.mark_loaded()
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+            corrupt = binding.corrupt(fmt, hosts)
+            if corrupt:
+                raise ChecksumMismatch(f"layerwise step {step}: the stored objects of chunks "
+                                       f"{[(starts[i], ends[i]) for i in corrupt]} fail their checksum")
             slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
                 for host, chunk_slots in zip(hosts, slots, strict=True):

@@ -1,9 +1,11 @@
 """LMCache GPU connector for any KV layout: every transfer group of a chunk in one MemoryObj, or (``split``)
 one MemoryObj per chunk part (``connector.parts``).
 
-Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``); rows per chunk
-come from the layout (sliding-window tails, compressed rows), never from the token count. The kwargs it
-reads are documented in ``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when
+Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``); every object
+carries a checksum of its bytes, written by the store and checked by a load before it writes anything
+(``connector.checksum``, ``connector.verified_loads``). Rows per chunk come from the layout (sliding-window
+tails, compressed rows), never from the token count. The kwargs it reads are documented in
+``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when
 the KV caches are registered, which must happen before the engine's ``post_init`` and the first store.
 """
 
@@ -15,10 +17,12 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
+from lmcache_platforms.connector.checksum import format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
 from lmcache_platforms.connector.parts import current_part
 from lmcache_platforms.connector.request import block_ids_from, check_chunk, run_guarded
+from lmcache_platforms.connector.verified_loads import report_corrupt
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.parts import ChunkPart, chunk_parts
@@ -55,10 +59,11 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         if self.metadata is not None:
             describe_chunks(self.metadata, fmt, part_formats)
         logger.info(
-            "bound layout: %d transfer groups, %d bytes per chunk (%s mode)%s, kernels %s, key tag %s",
+            "bound layout: %d transfer groups, %d bytes per chunk (%s mode)%s, kernels %s, checksum %s, key tag %s "
+            "(chunks stored under another format or checksum have other keys and miss)",
             len(layout.transfer_groups), fmt.payload_bytes, layout.mode,
             "".join(f", part {p.name} {f.payload_bytes} bytes" for p, f in zip(parts, part_formats, strict=True)),
-            ",".join(self.binding.backend_names), self.binding.fingerprint,
+            ",".join(self.binding.backend_names), format_version(), self.binding.fingerprint,
         )
 
     def _format(self) -> ChunkFormat:
@@ -99,6 +104,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             for host, chunk_slots in zip(hosts, slots, strict=True):
                 binding.store(fmt, host, chunk_slots)
         binding.streams.finish_store()
+        binding.seal(fmt, hosts)
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
 
@@ -111,8 +117,13 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         def write() -> None:
             # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
             # chunk of another layout) is then one failed load, and LMCache's retrieve still releases its
-            # references to every chunk instead of leaking them when this raised out of it.
+            # references to every chunk instead of leaking them when this raised out of it. So does the checksum
+            # check, of every object before the first write: a corrupt one leaves the KV cache untouched.
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+            corrupt = binding.corrupt(fmt, hosts)
+            if corrupt:
+                report_corrupt([(starts[i], ends[i]) for i in corrupt])
+                return
             slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
                 for host, chunk_slots in zip(hosts, slots, strict=True):

@@ -23,22 +23,22 @@ logger = init_logger(__name__)
 
 LIBRARY_MODULE = "lmcache_platforms.kernels._cpu_transfer"
 _DIRECTIONS = {Direction.STORE: 0, Direction.LOAD: 1}
-_REBUILD_HINT = "rebuild with `python setup.py build_ext --inplace` or `pip install -e .`"
+REBUILD_HINT = "rebuild with `python setup.py build_ext --inplace` or `pip install -e .`"
 
 
 @functools.cache
 def load_library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, "") or (None, why it cannot be used)."""
-    path, why = built_library(LIBRARY_MODULE, _REBUILD_HINT)
+    path, why = built_library(LIBRARY_MODULE, REBUILD_HINT)
     if path is None:
         return None, why
     try:
         lib = ctypes.CDLL(path)
         version = lib.lmcp_abi_version()
     except (OSError, AttributeError) as exc:
-        return None, f"cannot load {path}: {exc}; {_REBUILD_HINT}"
+        return None, f"cannot load {path}: {exc}; {REBUILD_HINT}"
     if version != ABI_VERSION:
-        return None, f"{path} has ABI {version}, this package needs {ABI_VERSION}; {_REBUILD_HINT}"
+        return None, f"{path} has ABI {version}, this package needs {ABI_VERSION}; {REBUILD_HINT}"
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.lmcp_transfer.restype = ctypes.c_int

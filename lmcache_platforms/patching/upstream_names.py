@@ -65,6 +65,7 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
       for name in ("get_shapes", "get_dtypes", "get_num_groups")),
     *(UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", name, "integration/vllm/key_tags.py")
       for name in ("lookup", "async_lookup_and_prefetch")),
+    UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", "retrieve", "connector/verified_loads.py"),
     # The standard library's private hooks.
     UpstreamName("threading", "_register_atexit", "integration/vllm/exit_shutdown.py"),
     UpstreamName("sys", "_getframe", "__init__.py"),

@@ -78,6 +78,7 @@ class LayoutEngine:
 
         from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
         from lmcache_platforms.connector.paged import LayoutGPUConnector
+        from lmcache_platforms.connector.verified_loads import install_verified_retrieve
 
         self.layout = layout
         self.layerwise = layerwise
@@ -91,6 +92,7 @@ class LayoutEngine:
         self.engine = LMCacheEngineBuilder.get_or_create(self.instance_id, config, self.metadata,
                                                          self.connector, None, None)
         self.engine.post_init()
+        install_verified_retrieve(self.engine)
 
     @property
     def tags(self) -> dict[str, str]:

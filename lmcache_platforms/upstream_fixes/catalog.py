@@ -111,6 +111,14 @@ PATCHES: tuple[Patch, ...] = (
             "kept the chunk's buffer taken",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.remove_sync",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_remote_remove_sync",
+        versions=LMCACHE,
+        wrapper=True,
+        why="the Redis and Redis Cluster connectors inherit remove_sync unimplemented, so a chunk object that "
+            "failed its checksum could not be removed and every later lookup would hit it again",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,

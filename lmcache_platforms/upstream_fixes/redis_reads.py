@@ -11,10 +11,14 @@ LMCache's busy loop can wait for it.
 This replacement reads both values first, refuses a ``kv_bytes`` of the wrong length before allocating, and
 releases the buffer if the copy still fails; otherwise it behaves as upstream's (a missing ``kv_bytes``
 deletes the orphan ``metadata``).
+
+Both connectors also inherit ``remove_sync`` unimplemented (LMCache logs the exception and removes nothing):
+``wrap_remote_remove_sync`` deletes a chunk's values, which a load that finds a chunk corrupt relies on.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from lmcache_platforms.log import init_logger
@@ -64,3 +68,42 @@ async def _checked_get(self: Any, client: Any, key: Any) -> Any:
         memory_obj.ref_count_down()
         raise
     return memory_obj
+
+
+_REMOVE_TIMEOUT_S = 5.0
+
+
+def wrap_remote_remove_sync(upstream: Any) -> Any:
+    """Patch-catalog wrapper of ``RemoteConnector.remove_sync``, which the Redis connectors inherit unimplemented
+    (it raises): for them, delete the chunk's two values, so an object that failed its checksum
+    (``connector.verified_loads``) is not found again; every other connector keeps its own behaviour."""
+
+    def remove_sync(self: Any, key: Any) -> bool:
+        """Remove one chunk from a Redis or Redis Cluster store: whether anything was deleted."""
+        client = _redis_client(self)
+        if client is None:
+            return upstream(self, key)
+        key_str = key.to_string()
+
+        async def delete() -> int:
+            async with self.sem:
+                # Metadata first: lookups test it, so the chunk stops existing before its bytes go.
+                return int(await client.delete(key_str + "metadata")) + int(await client.delete(key_str + "kv_bytes"))
+
+        future = asyncio.run_coroutine_threadsafe(delete(), self.loop)
+        return bool(future.result(timeout=_REMOVE_TIMEOUT_S))
+
+    return remove_sync
+
+
+def _redis_client(connector: Any) -> Any:
+    """The Redis client of LMCache's Redis or Redis Cluster connector, None for any other connector."""
+    try:
+        from lmcache.v1.storage_backend.connector.redis_connector import RedisClusterConnector, RedisConnector
+    except ImportError:
+        return None
+    if isinstance(connector, RedisConnector):
+        return connector.connection
+    if isinstance(connector, RedisClusterConnector):
+        return connector.cluster
+    return None

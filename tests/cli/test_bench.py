@@ -36,8 +36,11 @@ def test_json_result(name, upstream, capsys):
     assert result["launches_per_chunk"] == plan(load_layout_spec(name)).launches_per_chunk
     assert result["chunks"] == 2
     assert result["bytes"] == 2 * plan(load_layout_spec(name)).chunk_bytes
-    for key in ("store_GBps", "load_GBps", "memcpy_GBps", "store_x_memcpy", "load_x_memcpy"):
+    for key in ("store_GBps", "load_GBps", "memcpy_GBps", "store_x_memcpy", "load_x_memcpy", "checksum_GBps",
+                "store_checksummed_x_memcpy", "load_checksummed_x_memcpy"):
         assert result[key] > 0
+    # The checksummed store and load do the same moves plus the checksum (a noisy machine may still reorder them).
+    assert result["checksum_store_cost"] > -1 and result["checksum_load_cost"] > -1
     assert (result["upstream_store_x_memcpy"] is not None) is upstream
     assert (result["upstream_format"] == "NL_X_NB_TWO_BS_NH_HS") is upstream
 

@@ -69,6 +69,8 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
     # One layer attends fully; 3 slide over 64 tokens, so each 128-token chunk keeps their last 64 rows, and a
     # hit reads the full layer's 4 chunks and only the last chunk of the sliding ones.
     per_row = kv_bytes_per_token(TINY_MODEL) // TINY_MODEL.num_layers
-    assert row["stored_bytes_per_request"] == per_row * (tokens + 3 * 4 * 64)
-    assert row["read_bytes_per_request"] == per_row * (tokens + 3 * 64)
+    # Each object (4 chunks x 2 parts stored; 4 full parts and 1 window part read) adds its checksum trailer,
+    # padded to one uint8 "token" column of the 128-token chunk.
+    assert row["stored_bytes_per_request"] == per_row * (tokens + 3 * 4 * 64) + 8 * 128
+    assert row["read_bytes_per_request"] == per_row * (tokens + 3 * 64) + 5 * 128
     assert row["store_x_memcpy"] > 0 and row["load_x_memcpy"] > 0

@@ -54,12 +54,14 @@ def test_parts_store_the_same_bytes_and_a_load_reads_only_the_window_it_needs(pa
     full, window = engine.connector.parts
     assert (full.reach, window.reach) == (None, 32)
     counters = engine.connector.binding.counters
-    assert counters.bytes_stored <= CHUNKS * paged_format(layout).nbytes  # stored bytes not increased
-    assert counters.bytes_stored == CHUNKS * paged_format(layout).nbytes  # (no padding in this layout)
+    fmts = engine.connector.part_formats
+    # The same payload; each part object adds its own checksum trailer, padded to one more "token" column.
+    assert sum(f.payload_bytes for f in fmts) == paged_format(layout).payload_bytes
+    assert counters.bytes_stored == CHUNKS * sum(f.nbytes for f in fmts)
+    assert all(f.nbytes == f.payload_bytes + layout.chunk_size for f in fmts)
     assert engine.lookup(request.tokens) == CHUNKS * layout.chunk_size
     roundtrip.zero_planes(layout)
     assert engine.retrieve(request.tokens, request.load_ids) == CHUNKS * layout.chunk_size
-    fmts = engine.connector.part_formats
     assert counters.bytes_loaded == CHUNKS * fmts[0].nbytes + 1 * fmts[1].nbytes
     loaded = _loaded(engine, request)
     for (start, tg, plane), rows in stored.items():

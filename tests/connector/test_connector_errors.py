@@ -29,7 +29,7 @@ def _memory_obj(shape: torch.Size):
 def test_a_chunk_of_another_size_is_refused_on_load() -> None:
     connector = _bound()
     wrong = _memory_obj(torch.Size([1, 1, 64, 7]))
-    with pytest.raises(TransferError, match=r"chunk \[0, 64\) holds 448 bytes, this layout's chunks 114688"):
+    with pytest.raises(TransferError, match=r"chunk \[0, 64\) holds 448 bytes, this layout's chunks 114752"):
         connector.batched_to_gpu([wrong], [0], [64], block_ids=([1, 2, 3, 4], [5, 6, 7, 8]))
 
 

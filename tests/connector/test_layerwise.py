@@ -32,3 +32,26 @@ def test_more_engine_layers_than_layout_layers_is_refused() -> None:
     layout = materialize(load_layout_spec("llama"), seed=0)
     with pytest.raises(TransferError, match=r"splits chunks into 9 layers but the layout has only 4"):
         LayoutEngine(layout, StorageOptions(max_local_cpu_size=0.02), layerwise=True, layer_steps=9)
+
+
+def test_a_corrupt_layer_step_object_is_refused_before_that_step_is_written() -> None:
+    """Each step's object has its own checksum; LMCache's layerwise retrieve is not wrapped, so the mismatch
+    raises, and the corrupt step (here the first) writes nothing."""
+    import torch
+
+    from lmcache_platforms.connector.verified_loads import ChecksumMismatch
+    from lmcache_platforms.tools import roundtrip
+
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=6)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=6)
+    with LayoutEngine(layout, StorageOptions(max_local_cpu_size=0.05), layerwise=True, layer_steps=2) as engine:
+        engine.store(request.tokens, request.store_ids)
+        (_, _, key), = engine.engine.token_database.process_tokens(tokens=torch.tensor(request.tokens),
+                                                                   request_configs=engine.tags)
+        hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+        flat = hot[key.split_layers(2)[0]].tensor.reshape(-1).view(torch.uint8)
+        flat[7] ^= 0x10
+        roundtrip.zero_planes(layout)
+        with pytest.raises(ChecksumMismatch, match=r"layerwise step 0: .*\(0, 64\).* fail their checksum"):
+            engine.retrieve(request.tokens, request.load_ids)
+        assert not any(p.storage.any() for p in roundtrip.all_planes(layout))

@@ -143,3 +143,27 @@ def test_a_truncated_value_in_the_cluster_is_a_miss_that_keeps_no_buffer(
         assert reader.lookup(request.tokens) == request.stored_tokens  # the metadata is there
         assert reader.retrieve(request.tokens, request.load_ids) == 0
         assert taken_buffers() == (0 if fixed else 1)
+
+
+def test_a_same_size_corrupt_value_is_refused_and_deleted_from_the_cluster(cluster: RedisCluster) -> None:
+    """A value overwritten with as many other bytes fails its checksum: no token loaded, and the chunk's two keys
+    are deleted from the node holding them (the Redis Cluster connector's remove_sync comes from the catalog)."""
+    import redis.cluster
+
+    spec = load_layout_spec("gemma3")
+    layout = materialize(spec, "bundled", seed=4)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=4)
+    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, layout.chunk_size),
+                             remote_url=cluster.url)
+    with LayoutEngine(layout, storage) as engine:
+        engine.store(request.tokens, request.store_ids)
+        assert engine.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
+            request.stored_tokens
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
+            (name,) = client.keys("*kv_bytes", target_nodes=redis.cluster.RedisCluster.ALL_NODES)
+            value = bytearray(client.get(name))
+            value[len(value) // 2] ^= 1
+            client.set(name, bytes(value))
+            assert engine.retrieve(request.tokens, request.load_ids) == 0
+            assert client.keys("*", target_nodes=redis.cluster.RedisCluster.ALL_NODES) == []
+        assert engine.lookup(request.tokens) == 0

@@ -206,9 +206,9 @@ class Run:
         from lmcache.v1.protocol import RemoteMetadata
 
         meta = RemoteMetadata.deserialize(client.get(metadata_key))
-        shape = meta.shapes[0]
-        assert shape[-1] % 2 == 0, shape
-        half = RemoteMetadata(meta.length // 2, [torch.Size([*shape[:-1], shape[-1] // 2])], meta.dtypes, meta.fmt)
+        shape = torch.Size([*meta.shapes[0][:-1], meta.shapes[0][-1] // 2])
+        length = shape.numel() * meta.dtypes[0].itemsize
+        half = RemoteMetadata(length, [shape], meta.dtypes, meta.fmt)
         client.set(kv_key, client.get(kv_key)[: half.length])
         client.set(metadata_key, half.serialize())
 

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 # a failed load fails the whole hit (the window rows of a shorter hit were never read), which
 # tests/connector/test_chunk_parts.py checks.
 BASE = {"lmcache.chunk_size": 64, "lmcache.max_local_cpu_size": 0.5, "platforms.chunk_parts": "whole"}
-# Room for exactly two chunks of this model (131072 bytes each): the allocator is full after one short prompt.
+# Room for exactly two chunks of this model (131136 bytes each: 131072 of KV, then the checksum trailer's column):
+# the allocator is full after one short prompt.
 TWO_CHUNKS_GIB = 0.0003
 
 
@@ -140,7 +141,7 @@ def redis_run(model: Path, redis_binary: str, tmp_path_factory: pytest.TempPathF
         {"name": "trunc", "fault": "redis_kv_bytes_truncate", "chunk": 2, "again": 1},
         {"name": "meta", "fault": "redis_metadata_garbage", "chunk": 1},
         {"name": "stop", "fault": "redis_stop", "again": 2},
-        {"name": "garbage", "fault": "redis_kv_bytes_garbage", "chunk": 3},  # last: wrong KV stays in vLLM
+        {"name": "garbage", "fault": "redis_kv_bytes_garbage", "chunk": 3, "again": 1},
     ]
     store = {"kind": "redis", "binary": redis_binary, "dir": str(workdir)}
     return run_engine({"model": str(model), "connector": connector, "policy": "recompute", "store": store,
@@ -169,7 +170,7 @@ def test_a_truncated_redis_value_fails_that_load_from_its_chunk(redis_run, refer
     assert short_load(trunc["log"]) == (128, 256, 128)
     assert trunc["chunks_loaded"] == 2
     # The catalog's redis_reads fix refuses the value before allocating (upstream raised after, keeping the buffer).
-    assert any("holds 65536 bytes, its metadata says 131072: not loaded" in line for line in trunc["log"]), trunc["log"]
+    assert any("holds 65568 bytes, its metadata says 131136: not loaded" in line for line in trunc["log"]), trunc["log"]
     assert_stored_anew(trunc, 256)
 
 
@@ -193,11 +194,16 @@ def test_redis_stopped_is_a_miss_and_started_again_is_used_again(redis_run, refe
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(strict=True, reason="LMCache 0.5.6 objects carry no checksum: same-size garbage in a Redis "
-                                        "value is loaded as a hit (issue 11 follow-up: a chunk checksum)")
 def test_same_size_garbage_in_a_redis_value_is_not_loaded(redis_run, reference):
+    """Chunk 3's value overwritten with as many random bytes: LMCache 0.5.6 loaded it as KV. Its checksum fails
+    before any byte is written, so the whole load reports no token, the object is removed from Redis, and the
+    recomputed request stores it anew (its next pass loads every chunk)."""
     garbage = redis_run["garbage"]
-    assert garbage["warm"][0]["tokens"] == reference["garbage"]
+    assert_served_as_without_connector(garbage, reference)
+    assert short_load(garbage["log"]) == (0, 256, 0)
+    assert garbage["chunks_loaded"] == 0
+    assert any("fails its checksum" in line for line in garbage["log"]), garbage["log"]
+    assert_stored_anew(garbage, 256)
 
 
 # ---------------------------------------------------------------- local disk and fs:// files
@@ -236,7 +242,7 @@ def test_a_disk_file_cut_short_is_never_loaded(disk_run, reference):
     assert_served_as_without_connector(cut, reference)
     assert short_load(cut["log"]) == (0, 256, 0)
     assert cut["chunks_loaded"] == 0
-    assert any("holds 65536 bytes, the chunk 131072" in line for line in cut["log"]), cut["log"]
+    assert any("holds 65568 bytes, the chunk 131136" in line for line in cut["log"]), cut["log"]
     assert_stored_anew(cut, 256)
 
 

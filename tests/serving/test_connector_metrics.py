@@ -1,7 +1,7 @@
 """Our connector's statistics on a real ``vllm serve``'s ``/metrics``: after a cold and a warm pass of two prompts
 (vLLM's prefix cache off, so the repeats load from LMCache), the counters are exact: lookups, hit tokens, chunks
-and bytes stored and loaded (bytes = chunks x the chunk's bytes from the model's layout), one load and store time
-observed per request; nothing is counted as a failed load."""
+and bytes stored and loaded (bytes = chunks x the chunk object's bytes: the model's layout, then the checksum
+trailer's column), one load and store time observed per request; nothing is counted as a failed load."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
     hits = [n // CHUNK * CHUNK for n in LENGTHS]  # whole chunks; vLLM computes the last token itself
     assert [r["lmcache_hit_tokens"] for r in cold + warm] == [0, 0, *hits]
     chunks = sum(n // CHUNK for n in LENGTHS)  # only whole chunks are saved (LMCache's save_unfull_chunk: false)
-    chunk_bytes = CHUNK * BYTES_PER_TOKEN
+    # Each chunk object: its KV, then the checksum trailer padded to one more uint8 "token" column.
+    chunk_bytes = CHUNK * BYTES_PER_TOKEN + CHUNK
     assert set(before.values()) == {0.0}, before
     assert {name.removeprefix(PREFIX): value for name, value in after.items()} == {
         "lookups_total": 4, "hit_tokens_total": sum(hits),

@@ -18,6 +18,7 @@ from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layout_fingerprint, paged_format
 from lmcache_platforms.connector.parts import install_parts
 from lmcache_platforms.connector.protocol import LayoutConnector
+from lmcache_platforms.connector.verified_loads import install_verified_retrieve
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups
@@ -130,6 +131,7 @@ class Lifecycle(ImplState):
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
         binding = _bind(connector, self.layout, self._split_chunks())
+        install_verified_retrieve(engine)
         if connector.parts:
             install_parts(engine, connector.parts, self._lmcache_chunk_size)
         self._key_tags = {**binding.key_tags, **cache_dtype_tags(self._vllm_config), MODEL_TAG: self.model.tag}

@@ -1,0 +1,273 @@
+"""Every stored chunk object carries a checksum: a same-size corruption in any tier is refused before any byte of
+it reaches the KV cache, the load reports no token, and the object is removed so the next lookup misses."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmcache_platforms.connector import checksum
+from lmcache_platforms.connector.checksum import TRAILER_BYTES
+from lmcache_platforms.connector.parts import install_parts, part_configs
+from lmcache_platforms.connector.verified_loads import ChecksumMismatch
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
+from tests.ci import missing
+
+CHUNKS = 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=4096), st.data())
+def test_any_single_flipped_byte_of_payload_or_trailer_is_caught(payload: bytes, data: st.DataObject) -> None:
+    padding = data.draw(st.integers(0, 16))
+    flat = torch.zeros(len(payload) + TRAILER_BYTES + padding, dtype=torch.uint8)
+    flat[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    checksum.seal([flat], len(payload))
+    assert checksum.mismatched([flat], len(payload)) == []
+    where = data.draw(st.integers(0, len(payload) + TRAILER_BYTES - 1))
+    flat[where] ^= data.draw(st.integers(1, 255))
+    assert checksum.mismatched([flat], len(payload)) == [0]
+
+
+def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects of several stripes, hashed on several threads: each flip is pinned on its own object."""
+    monkeypatch.setattr(checksum, "STRIPE_BYTES", 4096)
+    torch.manual_seed(0)
+    payload = 5 * 4096 + 123
+    flats = [torch.randint(0, 256, (payload + TRAILER_BYTES,), dtype=torch.uint8) for _ in range(4)]
+    checksum.seal(flats, payload)
+    assert checksum.mismatched(flats, payload) == []
+    for index, where in ((1, 0), (3, 4 * 4096 + 7), (2, payload - 1)):
+        flats[index][where] ^= 1
+        assert checksum.mismatched(flats, payload) == [index]
+        flats[index][where] ^= 1
+
+
+def test_an_unsealed_object_is_not_intact() -> None:
+    """An object written without a trailer (all zeros where it belongs) never passes."""
+    assert checksum.mismatched([torch.zeros(64 + TRAILER_BYTES, dtype=torch.uint8)], 64) == [0]
+
+
+def _planes(layout) -> list[torch.Tensor]:
+    return [p.storage.clone() for p in roundtrip.all_planes(layout)]
+
+
+def _chunk_keys(engine: LayoutEngine, tokens: list[int], configs: dict[str, str]) -> list[Any]:
+    return [key for _, _, key in engine.engine.token_database.process_tokens(
+        tokens=torch.tensor(tokens), request_configs=configs)]
+
+
+def _flip_cpu(engine: LayoutEngine, key: Any) -> Callable[[], bool]:
+    """Flip one byte of ``key``'s object in LMCache's CPU cache; returns whether it is still cached."""
+    hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+    flat = hot[key].tensor.reshape(-1).view(torch.uint8)
+    flat[flat.numel() // 3] ^= 0x5A
+    return lambda: key in hot
+
+
+def _flip_file(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+class Tier:
+    """One LMCache tier our chunks are read from, and how to flip a byte of a stored object in it."""
+
+    def __init__(self, name: str, tmp_path: Path) -> None:
+        self.name, self.dir = name, tmp_path / "store"
+        self.dir.mkdir()
+        self.redis: Any = None
+
+    def storage(self, layout) -> StorageOptions:
+        size = cache_size_gib(layout, CHUNKS * layout.chunk_size)
+        if self.name == "cpu":
+            return StorageOptions(max_local_cpu_size=size)
+        if self.name == "disk":
+            return StorageOptions(local_cpu=False, max_local_cpu_size=size, local_disk=str(self.dir),
+                                  max_local_disk_size=size)
+        if self.name == "fs":
+            return StorageOptions(local_cpu=False, max_local_cpu_size=size, remote_url=f"fs://localhost:0{self.dir}")
+        return StorageOptions(local_cpu=False, max_local_cpu_size=size, remote_url=self.redis.url)
+
+    @property
+    def location(self) -> str:
+        return {"cpu": "LocalCPUBackend", "disk": "LocalDiskBackend"}.get(self.name, "RemoteBackend")
+
+    def flip(self, engine: LayoutEngine, key: Any) -> Callable[[], bool]:
+        """Flip one byte of ``key``'s object; returns whether the object is still in the tier."""
+        name = key.to_string()
+        if self.name == "cpu":
+            return _flip_cpu(engine, key)
+        if self.name == "redis":
+            import redis
+
+            client = redis.Redis.from_url(self.redis.url)
+            value = bytearray(client.get(name + "kv_bytes"))
+            value[len(value) // 3] ^= 0x5A
+            client.set(name + "kv_bytes", bytes(value))  # same length: only a checksum tells it apart
+            return lambda: bool(client.exists(name + "metadata") or client.exists(name + "kv_bytes"))
+        path = (self.dir / (name.replace("/", "-") + ".pt") if self.name == "disk"
+                else self.dir / (name.replace("/", "-SEP-") + ".data"))
+        assert path.is_file(), sorted(p.name for p in self.dir.iterdir())
+        _flip_file(path)
+        return path.exists
+
+
+@pytest.fixture(params=["cpu", "disk", "fs", pytest.param("redis", marks=pytest.mark.redis)])
+def tier(request: pytest.FixtureRequest, tmp_path: Path, closable_remote_backends: None):
+    tier = Tier(request.param, tmp_path)
+    if tier.name != "redis":
+        yield tier
+        return
+    if shutil.which("redis-server") is None:
+        missing("redis-server is not on PATH")
+    from lmcache_platforms.tools.redis_server import RedisServer
+
+    with RedisServer(str(tmp_path)) as server:
+        tier.redis = server
+        yield tier
+
+
+def _stored_engine(layout, tier: Tier, request: roundtrip.Request) -> LayoutEngine:
+    engine = LayoutEngine(layout, tier.storage(layout))
+    engine.store(request.tokens, request.store_ids)
+    assert engine.wait_stored(request.tokens, request.stored_tokens, search_range=[tier.location]) == \
+        request.stored_tokens
+    return engine
+
+
+def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tier) -> None:
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=21)
+    request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=21)
+    with _stored_engine(layout, tier, request) as engine:
+        key = _chunk_keys(engine, request.tokens, engine.tags)[1]
+        still_there = tier.flip(engine, key)
+        roundtrip.zero_planes(layout)
+        before = _planes(layout)
+        loaded = engine.connector.binding.counters.chunks_loaded
+        assert engine.retrieve(request.tokens, request.load_ids) == 0
+        # Chunk 0 was intact, yet nothing of the batch reached the KV cache: every object is checked first.
+        assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))
+        assert engine.connector.binding.counters.chunks_loaded == loaded
+        assert not still_there()
+        assert engine.engine.storage_manager.contains(key) is None
+        assert engine.lookup(request.tokens) == layout.chunk_size  # the chunks before it still hit
+        assert engine.retrieve(request.tokens[: layout.chunk_size], request.load_ids) == layout.chunk_size
+
+
+def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: with the check accepting everything, the flipped object loads as a hit with wrong KV."""
+    monkeypatch.setattr(checksum, "mismatched", lambda flats, payload_bytes: [])
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=21)
+    request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=21)
+    stored = roundtrip.snapshot(layout, request)
+    with _stored_engine(layout, tier, request) as engine:
+        tier.flip(engine, _chunk_keys(engine, request.tokens, engine.tags)[1])
+        roundtrip.zero_planes(layout)
+        hit = engine.retrieve(request.tokens, request.load_ids)
+        verdict = roundtrip.verify(layout, request, stored, hit)
+    assert hit == request.stored_tokens
+    assert not verdict.bit_exact and verdict.mismatched_rows >= 1
+
+
+@pytest.mark.parametrize(("part", "chunk", "hit_chunks", "untouched"), [("all", 0, 0, True),
+                                                                         ("reach32", CHUNKS - 1, CHUNKS - 1, False)])
+def test_each_chunk_part_carries_its_own_checksum(part: str, chunk: int, hit_chunks: int, untouched: bool) -> None:
+    """Window-only parts: a corrupt part fails the load and is removed; the parts of other chunks stay. A corrupt
+    full-attention part (read first) leaves the KV cache untouched."""
+    layout = materialize(load_layout_spec("gemma3"), seed=5)
+    request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=5)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
+    with LayoutEngine(layout, storage) as engine:
+        engine.connector.bind(layout, split=True)
+        install_parts(engine.engine, engine.connector.parts, layout.chunk_size)
+        engine.store(request.tokens, request.store_ids)
+        chosen = next(p for p in engine.connector.parts if p.name == part)
+        key = _chunk_keys(engine, request.tokens, part_configs(engine.tags, chosen))[chunk]
+        _flip_cpu(engine, key)
+        roundtrip.zero_planes(layout)
+        before = _planes(layout)
+        assert engine.retrieve(request.tokens, request.load_ids) == 0
+        assert engine.engine.storage_manager.contains(key) is None
+        if untouched:
+            assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))
+        assert engine.lookup(request.tokens) == hit_chunks * layout.chunk_size
+
+
+def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> None:
+    """Without the verified retrieve (a caller of LMCache's own method), a mismatch still writes nothing."""
+    layout = materialize(load_layout_spec("llama"), seed=3)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
+    with LayoutEngine(layout, storage) as engine:
+        engine.store(request.tokens, request.store_ids)
+        (key,) = _chunk_keys(engine, request.tokens, engine.tags)
+        _flip_cpu(engine, key)
+        roundtrip.zero_planes(layout)
+        before = _planes(layout)
+        bare = engine.engine.retrieve.__wrapped__
+        with pytest.raises(ChecksumMismatch, match=r"chunk \[0, 64\) fails its checksum"):
+            bare(torch.tensor(request.tokens), block_ids=request.load_ids, request_configs=engine.tags)
+        assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))
+
+
+def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback still catches flips, and its objects never share keys with the native checksum's."""
+    native_version = checksum.format_version()
+    monkeypatch.setattr(checksum, "native", lambda: None)
+    assert checksum.format_version() != native_version
+    torch.manual_seed(1)
+    payload = 3 * checksum.STRIPE_BYTES + 5
+    flats = [torch.randint(0, 256, (payload + TRAILER_BYTES,), dtype=torch.uint8) for _ in range(3)]
+    checksum.seal(flats, payload)
+    assert checksum.mismatched(flats, payload) == []
+    flats[2][checksum.STRIPE_BYTES + 1] ^= 0x80
+    assert checksum.mismatched(flats, payload) == [2]
+
+
+def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
+    """Through a real engine: whichever byte of the payload or trailer of a cached chunk object flips, the load
+    reports no token, writes nothing, and the object is gone; stored again, it loads bit for bit."""
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=8)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=8)
+    stored = roundtrip.snapshot(layout, request)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
+    original = _planes(layout)
+
+    def restored() -> None:
+        for plane, saved in zip(roundtrip.all_planes(layout), original, strict=True):
+            plane.storage.copy_(saved)
+
+    with LayoutEngine(layout, storage) as engine:
+        payload = engine.connector.fmt.payload_bytes
+
+        @settings(max_examples=25, deadline=None)
+        @given(st.integers(0, payload + TRAILER_BYTES - 1), st.integers(1, 255))
+        def flipped(where: int, bits: int) -> None:
+            restored()
+            engine.store(request.tokens, request.store_ids)
+            (key,) = _chunk_keys(engine, request.tokens, engine.tags)
+            hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+            hot[key].tensor.reshape(-1).view(torch.uint8)[where] ^= bits
+            roundtrip.zero_planes(layout)
+            assert engine.retrieve(request.tokens, request.load_ids) == 0
+            assert not any(p.storage.any() for p in roundtrip.all_planes(layout))
+            assert key not in hot and engine.lookup(request.tokens) == 0
+
+        flipped()
+        restored()
+        engine.store(request.tokens, request.store_ids)
+        roundtrip.zero_planes(layout)
+        hit = engine.retrieve(request.tokens, request.load_ids)
+        assert roundtrip.verify(layout, request, stored, hit).bit_exact and hit == layout.chunk_size
