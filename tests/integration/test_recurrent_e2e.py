@@ -169,7 +169,8 @@ def test_another_hybrid_hits_at_its_last_state_in_a_fresh_engine(name, tmp_path_
     The answer is bit-identical to vLLM's own align-mode prefix cache hitting at the same position. Against vLLM
     without prefix caching only the greedy tokens are compared: on LFM2 vLLM's logprobs there differ in the 4th
     digit from both (a run with the same 1,024-token step split too), so the difference is vLLM's, not a state
-    restored wrong."""
+    restored wrong. Negative control: the recurrent groups skipped (hit claimed, state not restored) moves the
+    logprobs by as little, and the comparison with vLLM's own cache catches it."""
     model = ensure_tiny(name, tmp_path_factory.mktemp(name))
     store = tmp_path_factory.mktemp(f"{name}-store")
     cold = run_pass(model, store, "connector", {"prompts": [TURN_ONE], "max_tokens": 1})
@@ -184,3 +185,7 @@ def test_another_hybrid_hits_at_its_last_state_in_a_fresh_engine(name, tmp_path_
     assert own["runs"][1]["cached"] == step_end
     assert same_answer(warm["runs"][0], own["runs"][1])
     assert warm["runs"][0]["tokens"] == run_pass(model, unused, "plain", {"prompts": [EXTENDED]})["runs"][0]["tokens"]
+    skipped = run_pass(model, tmp_path_factory.mktemp(f"{name}-skipped"), "connector",
+                       {"prompts": [TURN_ONE, EXTENDED], "max_tokens": [1, 6], "forget": True,
+                        "extra": {"platforms.skip_groups": "MambaSpec"}})
+    assert skipped["runs"][1]["cached"] == step_end and not same_answer(skipped["runs"][1], own["runs"][1])
