@@ -1,6 +1,7 @@
-"""One in-process vLLM CPU engine on the tiny Qwen3-Next in align mode, with or without our connector.
+"""One in-process vLLM CPU engine on a tiny recurrent hybrid in align mode, with or without our connector.
 
-``python -m tests.integration.recurrent_run MODEL STORE MODE`` reads a JSON job on stdin:
+``python -m tests.integration.recurrent_run MODEL STORE MODE`` (MODEL: a folder ``recurrent_model.ensure_tiny``
+wrote) reads a JSON job on stdin:
 
 - ``prompts``: token id lists, run one request at a time, greedy; ``max_tokens``: one, or one per prompt;
 - ``budget``: ``max_num_batched_tokens`` (0 or absent: vLLM's default); ``extra``: more connector config;
@@ -9,10 +10,10 @@
   ``prompt``'s chunks ending at ``ends``;
 - ``plant_early_states``: a planted fault, each state also stored as the state of the chunk before it.
 
-It prints one JSON line: each request's tokens, top-5 logprobs, cached tokens and seconds, our group plan, LMCache's
-chunk size, chunks stored and loaded, and the engines' health. MODE ``connector`` uses LMCache with a
-persistent ``fs://`` store in STORE (or the ``remote_url`` in ``extra``); ``plain`` runs vLLM alone with prefix
-caching off; ``align`` runs vLLM alone with its own prefix caching in align mode.
+It prints one JSON line: each request's tokens, top-5 logprobs, cached tokens and seconds, vLLM's block size, our
+group plan, LMCache's chunk size, chunks stored and loaded, and the engines' health. MODE ``connector`` uses
+LMCache with a persistent ``fs://`` store in STORE (or the ``remote_url`` in ``extra``); ``plain`` runs vLLM alone
+with prefix caching off; ``align`` runs vLLM alone with its own prefix caching in align mode.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import lmcache_platforms  # noqa: F401 - activation, as the vllm.general_plugins entry point does
 
-BLOCK = 256  # vLLM's unified block size for this model (attention pages padded to the Mamba page)
 TOP_K = 5
 MAX_MODEL_LEN = 10240
 
@@ -96,7 +96,9 @@ def main(model: str, store: str, mode: str) -> None:
     job = json.loads(sys.stdin.read())
     llm = LLM(model=model, **engine_args(mode, store, job))
     if job.get("plant_early_states"):
-        plant_early_states(BLOCK)
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        plant_early_states(get_kv_transfer_group().impl._lmcache_chunk_size)
     max_tokens = job.get("max_tokens", 6)
     runs = []
     for i, prompt in enumerate(job["prompts"]):
@@ -116,7 +118,8 @@ def main(model: str, store: str, mode: str) -> None:
 
                 runs[-1]["evicted"] = runs[-1].get("evicted", 0) + evict_states(
                     get_kv_transfer_group().impl, job["prompts"][evict["prompt"]], evict["ends"])
-    result = {"runs": runs, "health": health.engine_health()}
+    result = {"runs": runs, "health": health.engine_health(),
+              "block_size": llm.llm_engine.vllm_config.cache_config.block_size}
     if mode == "connector":
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 

@@ -1,5 +1,6 @@
 """A GDN hybrid (tiny random Qwen3-Next: 3 recurrent layers + 1 full-attention layer, vLLM block 256 tokens) in
-real vLLM CPU engines in align mode, at the step budgets users run (vLLM's default unless a test names one).
+real vLLM CPU engines in align mode, at the step budgets users run (vLLM's default unless a test names one); each
+other hybrid vLLM's CPU build runs in align mode (``recurrent_model.MODELS``) through one cold and one warm engine.
 
 vLLM keeps a recurrent state only where a step ended; our connector saves a chunk's state part exactly there and
 claims a hit only up to a chunk carrying one. Every answer (greedy tokens and top-5 logprobs) is compared, bit for
@@ -18,7 +19,7 @@ import pytest
 
 from lmcache_platforms.tools.redis_server import RedisServer
 from tests.fork_server import run_module
-from tests.integration.recurrent_model import ensure_tiny_qwen3_next
+from tests.integration.recurrent_model import MODELS, ensure_tiny, ensure_tiny_qwen3_next
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,7 @@ LONG = [(i * 37) % 2000 + 1 for i in range(9000)]
 LONG_BRANCH = LONG[:7000] + [(i * 13) % 1800 + 3 for i in range(200)]  # 27 whole chunks shared with LONG
 PREFIX = [(i * 37) % 2000 + 1 for i in range(512)]
 A = PREFIX + [(i * 11) % 1900 + 7 for i in range(40)]
+EXTENDED = TURN_ONE + [(i * 11) % 1900 + 7 for i in range(200)]
 STORED = re.compile(r"request (\S+): stored tokens \[(\d+), (\d+)\) in LMCache, \d+ bytes written, "
                     r"recurrent state at \[([\d, ]*)\]")
 
@@ -174,3 +176,34 @@ def test_chunks_stored_whole_carry_a_state_each_and_hit_where_every_chunk_kept_o
     assert state_ends(result) == [256, 512]
     assert [r["cached"] for r in result["runs"]] == [0, 512]
     assert same_answer(result["runs"][0], reference["a"]) and same_answer(result["runs"][1], reference["a"])
+
+
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"qwen3-next"}))
+def test_another_hybrid_hits_at_its_last_state_in_a_fresh_engine(name, tmp_path_factory):
+    """vLLM's default budget (4,096) prefills the 1,100-token prompt up to its last block boundary, then the rest:
+    with that boundary on a chunk boundary, the state is stored there; a fresh engine on a longer prompt extending
+    it hits exactly there. Positions come from the block and chunk sizes the run reports, not from Qwen3-Next's.
+
+    The answer is bit-identical to vLLM's own align-mode prefix cache hitting at the same position. Against vLLM
+    without prefix caching only the greedy tokens are compared: on LFM2 vLLM's logprobs there differ in the 4th
+    digit from both (a run with the same 1,024-token step split too), so the difference is vLLM's, not a state
+    restored wrong. Negative control: the recurrent groups skipped (hit claimed, state not restored) moves the
+    logprobs by as little, and the comparison with vLLM's own cache catches it."""
+    model = ensure_tiny(name, tmp_path_factory.mktemp(name))
+    store = tmp_path_factory.mktemp(f"{name}-store")
+    cold = run_pass(model, store, "connector", {"prompts": [TURN_ONE], "max_tokens": 1})
+    block, chunk = cold["block_size"], cold["chunk_size"]
+    step_end = len(TURN_ONE) // block * block
+    assert cold["hits_allowed"] and "MambaSpec" in cold["plan"] and step_end % chunk == 0
+    assert state_ends(cold) == [step_end]
+    warm = run_pass(model, store, "connector", {"prompts": [EXTENDED]})
+    assert warm["runs"][0]["cached"] == step_end and warm["chunks_loaded"] == step_end // chunk
+    unused = tmp_path_factory.mktemp(f"{name}-unused")
+    own = run_pass(model, unused, "align", {"prompts": [TURN_ONE, EXTENDED], "max_tokens": [1, 6]})
+    assert own["runs"][1]["cached"] == step_end
+    assert same_answer(warm["runs"][0], own["runs"][1])
+    assert warm["runs"][0]["tokens"] == run_pass(model, unused, "plain", {"prompts": [EXTENDED]})["runs"][0]["tokens"]
+    skipped = run_pass(model, tmp_path_factory.mktemp(f"{name}-skipped"), "connector",
+                       {"prompts": [TURN_ONE, EXTENDED], "max_tokens": [1, 6], "forget": True,
+                        "extra": {"platforms.skip_groups": "MambaSpec"}})
+    assert skipped["runs"][1]["cached"] == step_end and not same_answer(skipped["runs"][1], own["runs"][1])
