@@ -75,9 +75,11 @@ def evict_states(impl, prompt: list[int], ends: list[int]) -> int:
     """Remove the state parts of ``prompt``'s chunks ending at ``ends`` from every tier; how many went."""
     from lmcache_platforms.connector.parts import part_configs
     from lmcache_platforms.integration.vllm.key_tags import with_tags
+    from lmcache_platforms.integration.vllm.pending_writes import drain_writes
     from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 
     engine = impl.lmcache_engine
+    drain_writes(engine, timeout_s=60)  # remote puts are asynchronous: one still in flight would come back
     part = next(p for p in engine.gpu_connector.parts if p.snapshots)
     configs = part_configs(with_tags({SCOPE_TAG: request_scope(None, None)}, impl._key_tags), part)
     removed = 0
