@@ -15,6 +15,7 @@ import torch
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.parts import install_parts, part_configs
 from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
@@ -111,6 +112,21 @@ def test_a_fresh_engine_loads_parts_another_stored_across_a_redis_cluster(cluste
         assert reader.lookup(request.tokens) == 2 * layout.chunk_size
 
 
+def _one_chunk(cluster: RedisCluster, seed: int) -> tuple[KVLayout, roundtrip.Request, StorageOptions]:
+    """The gemma3 example, one chunk's request, and storage in the cluster alone."""
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=seed)
+    request = roundtrip.make_request(layout, layout.chunk_size, seed=seed)
+    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, layout.chunk_size),
+                             remote_url=cluster.url)
+    return layout, request, storage
+
+
+def _store_remotely(engine: LayoutEngine, request: roundtrip.Request) -> None:
+    engine.store(request.tokens, request.store_ids)
+    assert engine.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
+        request.stored_tokens
+
+
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative-control-upstream"])
 def test_a_truncated_value_in_the_cluster_is_a_miss_that_keeps_no_buffer(
         cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch, fixed: bool) -> None:
@@ -127,15 +143,9 @@ def test_a_truncated_value_in_the_cluster_is_a_miss_that_keeps_no_buffer(
         (record,) = [r for r in lmcache_platforms.activate().registry.records if r.replacement is redis_cluster_get]
         monkeypatch.setattr(RedisClusterConnector, "_get", record.original)
 
-    spec = load_layout_spec("gemma3")
-    layout = materialize(spec, "bundled", seed=3)
-    request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
-    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, layout.chunk_size),
-                             remote_url=cluster.url)
+    layout, request, storage = _one_chunk(cluster, seed=3)
     with LayoutEngine(layout, storage) as writer:
-        writer.store(request.tokens, request.store_ids)
-        assert writer.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
-            request.stored_tokens
+        _store_remotely(writer, request)
     with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
         (name,) = client.keys("*kv_bytes", target_nodes=redis.cluster.RedisCluster.ALL_NODES)
         client.set(name, client.get(name)[:100])
@@ -150,15 +160,9 @@ def test_a_same_size_corrupt_value_is_refused_and_deleted_from_the_cluster(clust
     are deleted from the node holding them (the Redis Cluster connector's remove_sync comes from the catalog)."""
     import redis.cluster
 
-    spec = load_layout_spec("gemma3")
-    layout = materialize(spec, "bundled", seed=4)
-    request = roundtrip.make_request(layout, layout.chunk_size, seed=4)
-    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, layout.chunk_size),
-                             remote_url=cluster.url)
+    layout, request, storage = _one_chunk(cluster, seed=4)
     with LayoutEngine(layout, storage) as engine:
-        engine.store(request.tokens, request.store_ids)
-        assert engine.wait_stored(request.tokens, request.stored_tokens, search_range=["RemoteBackend"]) == \
-            request.stored_tokens
+        _store_remotely(engine, request)
         with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
             (name,) = client.keys("*kv_bytes", target_nodes=redis.cluster.RedisCluster.ALL_NODES)
             value = bytearray(client.get(name))

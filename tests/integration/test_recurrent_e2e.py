@@ -36,7 +36,9 @@ STORED = re.compile(r"request (\S+): stored tokens \[(\d+), (\d+)\) in LMCache, 
 
 
 def run_pass(model: Path, store: Path, mode: str, job: dict) -> dict:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
+    # INFO: the tests read the connector's "stored tokens" lines (another conftest may have lowered the level).
+    env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "LMCACHE_LOG_LEVEL": "INFO",
+           "PYTHONPATH": str(REPO)}
     proc = run_module("tests.integration.recurrent_run", [str(model), str(store), mode], env, REPO, timeout=400,
                       input=json.dumps(job))
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -45,11 +45,18 @@ def _impl(transfer_group):
 
 
 def _corrupt(impl) -> int:
+    """Overwrite every cached chunk's KV bytes and seal it again, as a bug on our own store path would: its
+    checksum then holds, so only the answers can show the damage."""
     import torch
 
+    from lmcache_platforms.connector import checksum
+
+    payload = impl.lmcache_engine.gpu_connector.fmt.payload_bytes
     backend = impl.lmcache_engine.storage_manager.storage_backends["LocalCPUBackend"]
     for obj in backend.hot_cache.values():
-        obj.tensor.view(torch.uint8).fill_(0x3C)
+        flat = obj.tensor.view(torch.uint8).view(-1)
+        flat[:payload].fill_(0x3C)
+        checksum.seal([flat], payload)
     return len(backend.hot_cache)
 
 

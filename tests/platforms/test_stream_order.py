@@ -92,9 +92,11 @@ def kernel(stream: str, source: str, target: str) -> Entry:
 
 
 def expected_store(store: str, chunks: int) -> list[Entry]:
+    """Each chunk's rows gathered and copied to its host object on the store stream; once that stream is
+    synchronized, each object's checksum trailer is written on the host (sealed only when its bytes are final)."""
     per_chunk = [kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)]
     return [("wait_stream", store, "default"), ("enter", store), *per_chunk * chunks, ("exit", store),
-            ("stream_synchronize", store)]
+            ("stream_synchronize", store), *[("copy", "default", None, "host", False)] * chunks]
 
 
 def expected_load(load: str, chunks: int, event: str) -> list[Entry]:
