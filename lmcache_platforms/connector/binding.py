@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lmcache_platforms.connector import checksum
-from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, layout_fingerprint
+from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, Launch, layer_launches, layout_fingerprint
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.registry import select_backend
@@ -55,6 +55,9 @@ class TransferCounters:
     bytes_stored: int = 0
     bytes_loaded: int = 0
     launches: int = 0
+    # Layerwise mode: one count per layer a store or load call moved on its own (``LayerGate``).
+    layers_stored: int = 0
+    layers_loaded: int = 0
     backends: set[str] = field(default_factory=set)
 
 
@@ -79,6 +82,7 @@ class LayoutBinding:
             id(launch.planes): select_backend(launch.planes, self.device, kernel_backend)
             for fmt in self.formats for launch in fmt.launches
         }
+        self._layer_launches: dict[str, tuple[tuple[str, tuple[Launch, ...]], ...]] = {}
         self.counters = TransferCounters()
         # Why the planes' memory may not be touched now (vLLM's sleep mode unmaps it); None: it may.
         self.released: str | None = None
@@ -121,19 +125,42 @@ class LayoutBinding:
             table[group] = slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True)
         return [{group: slots[i] for group, slots in table.items()} for i in range(len(bounds))]
 
-    def store(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor]) -> None:
+    def layer_launches(self, fmt: ChunkFormat) -> tuple[tuple[str, tuple[Launch, ...]], ...]:
+        """``fmt``'s launches cut by layer, in the layout's layer order (``chunk_format.layer_launches``)."""
+        cut = self._layer_launches.get(fmt.fingerprint)
+        if cut is None:
+            cut = layer_launches(fmt, [entry.name for entry in self.layout.layers])
+            for _, pieces in cut:  # each piece runs on the kernel chosen for the launch it is cut from
+                for piece in pieces:
+                    whole = next(w for w in fmt.launches if w.offset <= piece.offset < w.offset + w.nbytes)
+                    self._backends[id(piece.planes)] = self._backends[id(whole.planes)]
+            self._layer_launches[fmt.fingerprint] = cut
+        return cut
+
+    def _launch(self, launch: Launch, slots: Mapping[int, torch.Tensor], buffer: torch.Tensor,
+                direction: Direction) -> None:
+        backend = self._backends[id(launch.planes)]
+        region = buffer[launch.offset : launch.offset + launch.nbytes]
+        backend.transfer(launch.planes, slots[launch.tg.group], region, direction)
+        self.counters.launches += 1
+        self.counters.backends.add(backend.name)
+
+    def store(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor],
+              launches: Sequence[Launch] | None = None) -> None:
         """Planes -> ``host`` (the MemoryObj's bytes), ``slots`` from ``slots_per_chunk``; call inside
-        ``streams.storing()``."""
+        ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``)."""
         self._check_usable()
         target = host if not self.scratch else self.scratch[Direction.STORE].get(fmt.payload_bytes)
-        for launch in fmt.launches:
-            backend = self._backends[id(launch.planes)]
-            region = target[launch.offset : launch.offset + launch.nbytes]
-            backend.transfer(launch.planes, slots[launch.tg.group], region, Direction.STORE)
-            self.counters.launches += 1
-            self.counters.backends.add(backend.name)
-        if target is not host:
+        for launch in fmt.launches if launches is None else launches:
+            self._launch(launch, slots, target, Direction.STORE)
+        if target is host:
+            return
+        if launches is None:
             host[: fmt.payload_bytes].copy_(target, non_blocking=True)
+            return
+        for launch in launches:
+            piece = slice(launch.offset, launch.offset + launch.nbytes)
+            host[piece].copy_(target[piece], non_blocking=True)
 
     @staticmethod
     def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> None:
@@ -145,19 +172,22 @@ class LayoutBinding:
         """Indices of the objects whose payload does not match their trailer; check before loading any."""
         return checksum.mismatched(hosts, fmt.payload_bytes)
 
-    def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor]) -> None:
-        """``host`` -> planes, ``slots`` from ``slots_per_chunk``; call inside ``streams.loading()``."""
+    def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor],
+             launches: Sequence[Launch] | None = None) -> None:
+        """``host`` -> planes, ``slots`` from ``slots_per_chunk``; call inside ``streams.loading()``.
+        ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``)."""
         self._check_usable()
         source = host
         if self.scratch:
             source = self.scratch[Direction.LOAD].get(fmt.payload_bytes)
-            source.copy_(host[: fmt.payload_bytes], non_blocking=True)
-        for launch in fmt.launches:
-            backend = self._backends[id(launch.planes)]
-            region = source[launch.offset : launch.offset + launch.nbytes]
-            backend.transfer(launch.planes, slots[launch.tg.group], region, Direction.LOAD)
-            self.counters.launches += 1
-            self.counters.backends.add(backend.name)
+            if launches is None:
+                source.copy_(host[: fmt.payload_bytes], non_blocking=True)
+            else:
+                for launch in launches:
+                    piece = slice(launch.offset, launch.offset + launch.nbytes)
+                    source[piece].copy_(host[piece], non_blocking=True)
+        for launch in fmt.launches if launches is None else launches:
+            self._launch(launch, slots, source, Direction.LOAD)
 
 
 class BoundLayoutMixin:

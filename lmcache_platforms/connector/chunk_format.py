@@ -95,6 +95,30 @@ def paged_format(layout: KVLayout, transfer_groups: Sequence[int] | None = None)
     return ChunkFormat(launches, shape, torch.uint8, _fingerprint(layout.chunk_size, launches))
 
 
+def layer_launches(fmt: ChunkFormat, layer_order: Sequence[str]) -> tuple[tuple[str, tuple[Launch, ...]], ...]:
+    """``fmt``'s launches cut by layer, in ``layer_order``: for each layer, one launch per transfer group holding
+    that layer's planes, over the same bytes of the MemoryObj (a launch's region is plane-major, so a layer's run
+    of planes owns a contiguous piece of it). Moving every layer's launches moves exactly ``fmt``'s bytes: the
+    layerwise mode fills and reads the same chunk objects as the paged mode."""
+    rank = {name: i for i, name in enumerate(layer_order)}
+    per_layer: dict[str, list[Launch]] = {}
+    for launch in fmt.launches:
+        offset, run = launch.offset, [launch.planes[0]]
+        for plane in (*launch.planes[1:], None):
+            if plane is not None and plane.layer == run[0].layer:
+                run.append(plane)
+                continue
+            nbytes = buffer_bytes(run, launch.tg.rows_per_chunk)
+            per_layer.setdefault(run[0].layer, []).append(Launch(launch.tg, tuple(run), offset, nbytes))
+            offset += nbytes
+            if plane is not None:
+                run = [plane]
+    unknown = sorted(set(per_layer) - set(rank))
+    if unknown:
+        raise ValueError(f"layers {unknown} of the chunk format are not in the layer order")
+    return tuple((name, tuple(per_layer[name])) for name in sorted(per_layer, key=rank.__getitem__))
+
+
 def split_layers(names: Sequence[str], steps: int) -> list[tuple[str, ...]]:
     """``names`` in order, cut into ``steps`` contiguous non-empty runs of near-equal length."""
     if not 0 < steps <= len(names):

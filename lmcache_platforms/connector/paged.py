@@ -20,8 +20,9 @@ from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding,
 from lmcache_platforms.connector.checksum import format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.chunk_metadata import describe_chunks
+from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.parts import current_part
-from lmcache_platforms.connector.request import block_ids_from, check_chunk, run_guarded
+from lmcache_platforms.connector.request import LAYER_GATE, block_ids_from, check_chunk, run_guarded
 from lmcache_platforms.connector.verified_loads import report_corrupt
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
@@ -92,7 +93,8 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         self.batched_to_gpu([memory_obj], [start], [end], **kwargs)
 
     def batched_from_gpu(self, memory_objs, starts, ends, **kwargs) -> None:
-        """KV caches -> MemoryObjs, one chunk per object; returns once the bytes are in host memory."""
+        """KV caches -> MemoryObjs, one chunk per object; returns once the bytes are in host memory. With a
+        ``layer_gate``, layer by layer as the forward marks them written."""
         binding = self._bound()
         fmt = self._format()
         block_ids = block_ids_from(kwargs, binding.layout)
@@ -100,19 +102,30 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             check_chunk(binding.layout, start, end)
         hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
         slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
+        gate: LayerGate | None = kwargs.get(LAYER_GATE)
         with binding.streams.storing():
-            for host, chunk_slots in zip(hosts, slots, strict=True):
-                binding.store(fmt, host, chunk_slots)
+            if gate is None:
+                for host, chunk_slots in zip(hosts, slots, strict=True):
+                    binding.store(fmt, host, chunk_slots)
+            else:
+                cut = dict(binding.layer_launches(fmt))
+                for layer, event in gate.as_marked(list(cut)):
+                    binding.streams.store_after(event)
+                    for host, chunk_slots in zip(hosts, slots, strict=True):
+                        binding.store(fmt, host, chunk_slots, cut[layer])
+                    binding.counters.layers_stored += 1
         binding.streams.finish_store()
         binding.seal(fmt, hosts)
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
 
     def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs) -> None:
-        """MemoryObjs -> KV caches; returns once the compute stream will see the rows."""
+        """MemoryObjs -> KV caches; returns once the compute stream will see the rows. With a ``layer_gate``,
+        layer by layer in the layout's order, marking each as its rows are written (or queued)."""
         binding = self._bound()
         fmt = self._format()
         block_ids = block_ids_from(kwargs, binding.layout)
+        gate: LayerGate | None = kwargs.get(LAYER_GATE)
 
         def write() -> None:
             # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
@@ -126,8 +139,16 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                 return
             slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
-                for host, chunk_slots in zip(hosts, slots, strict=True):
-                    binding.load(fmt, host, chunk_slots)
+                if gate is None:
+                    for host, chunk_slots in zip(hosts, slots, strict=True):
+                        binding.load(fmt, host, chunk_slots)
+                else:
+                    gate.begin_pass()
+                    for layer, launches in binding.layer_launches(fmt):
+                        for host, chunk_slots in zip(hosts, slots, strict=True):
+                            binding.load(fmt, host, chunk_slots, launches)
+                        gate.mark(layer, binding.streams.load_event())
+                        binding.counters.layers_loaded += 1
             binding.streams.finish_load()
             binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
             binding.counters.bytes_loaded += len(hosts) * fmt.nbytes

@@ -7,7 +7,10 @@ tables travel as one kwarg and the engine needs no change:
     request's block table for that group from token 0 (python ints or an int64 tensor), exactly as vLLM's
     scheduler hands them out. Block id 0 is the null block: its rows are never read or written. A caller
     that must not overwrite blocks it already holds (vLLM's prefix cache) passes 0 for them.
-``sync`` (layerwise only, as upstream): whether the compute stream waits for each layer.
+``sync`` (upstream's layerwise generators only): whether the compute stream waits for each layer.
+``layer_gate`` (optional, the layerwise mode of our vLLM integration): a ``LayerGate``. A store then copies each
+    layer once the forward marked it written; a load writes layer by layer in the layout's order and marks each,
+    so the forward waits for one layer at a time. The chunk objects are the same as without a gate.
 ``load_guard`` (optional, loads only): a ``WriteGuard``; the connector writes the KV caches only inside its
     ``run``, which may skip the write (its caller gave up on the load) or record its error instead of
     raising, so LMCache's retrieve still releases its chunk references and the caller reports the failure.
@@ -28,6 +31,7 @@ from lmcache_platforms.layout.kv_layout import KVLayout
 
 BLOCK_IDS = "block_ids"
 LOAD_GUARD = "load_guard"
+LAYER_GATE = "layer_gate"
 
 
 class WriteGuard(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -39,6 +40,32 @@ class TransferStreams:
     def loading(self) -> Iterator[None]:
         with self.platform.stream_context(self.load_stream):
             yield
+
+    def forward_event(self) -> Any:
+        """An event recorded now on the forward's stream (a layer's KV written), None on CPU."""
+        if self.store_stream is None:
+            return None
+        event = self.platform.new_event()
+        event.record(self.platform.current_stream())
+        return event
+
+    def store_after(self, event: Any) -> None:
+        """Make the store stream wait for ``event`` (``forward_event``) before what it queues next."""
+        if event is not None and self.store_stream is not None:
+            self.store_stream.wait_event(event)
+
+    def load_event(self) -> Any:
+        """An event recorded now on the load stream (a layer's rows queued), None on CPU."""
+        if self.load_stream is None:
+            return None
+        event = self.platform.new_event()
+        event.record(self.load_stream)
+        return event
+
+    def compute_after(self, event: Any) -> None:
+        """Make the forward's stream wait for ``event`` (``load_event``)."""
+        if event is not None:
+            self.platform.current_stream().wait_event(event)
 
     def finish_store(self) -> None:
         """Block until stored bytes are in host memory: LMCache hands the MemoryObjs to storage next."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from lmcache_platforms.log import init_logger
 
@@ -77,6 +77,36 @@ class _Load:
 
 
 @dataclass
+class StartedLoad(Generic[T]):
+    """A load the step itself needs the outcome of, running on the loader thread until its deadline."""
+
+    req_id: str
+    guard: LoadGuard
+    future: Future[T]
+    deadline: float
+    timeout_s: float
+
+    def give_up(self) -> None:
+        """Past its deadline: cancelled, so a late answer writes nothing."""
+        if self.guard.cancelled is not None:
+            return
+        self.guard.cancel(f"no answer within load_timeout_s={self.timeout_s:g}")
+        logger.error("request %s: LMCache load still running after %.3g s; its blocks are reported failed and "
+                     "its late writes refused (platforms.load_timeout_s)", self.req_id, self.timeout_s)
+
+    def result(self, on_failure: T) -> T:
+        """The load's result once it ended; ``on_failure`` when it raised or outlived the deadline."""
+        left = None if self.deadline == float("inf") else max(0.0, self.deadline - time.monotonic())
+        try:
+            return self.future.result(timeout=left)
+        except FutureTimeout:
+            self.give_up()
+        except Exception:
+            logger.exception("request %s: loading from LMCache failed", self.req_id)
+        return on_failure
+
+
+@dataclass
 class LoadResults:
     """What ``poll`` hands to vLLM: every request whose load ended, and those of them that failed."""
 
@@ -113,20 +143,15 @@ class AsyncLoads:
             with contextlib.suppress(FutureTimeout):  # past the deadline: the next poll cancels and reports it
                 entry.future.result(timeout=self._remaining(entry.deadline))
 
+    def start(self, req_id: str, load: Callable[[LoadGuard], T]) -> StartedLoad[T]:
+        """Start ``load`` on the loader thread; its outcome is read with ``StartedLoad.result``."""
+        guard = LoadGuard(req_id)
+        return StartedLoad(req_id, guard, self._executor.submit(load, guard), self._deadline(), self.timeout_s)
+
     def call(self, req_id: str, load: Callable[[LoadGuard], T], on_failure: T) -> T:
         """Run ``load`` on the loader thread and wait for its result until the deadline; ``on_failure`` when
         it raised or outlived the deadline (then cancelled, so a late answer writes nothing)."""
-        guard = LoadGuard(req_id)
-        future = self._executor.submit(load, guard)
-        try:
-            return future.result(timeout=self._remaining(self._deadline()))
-        except FutureTimeout:
-            guard.cancel(f"no answer within load_timeout_s={self.timeout_s:g}")
-            logger.error("request %s: LMCache load still running after %.3g s; its blocks are reported failed and "
-                         "its late writes refused (platforms.load_timeout_s)", req_id, self.timeout_s)
-        except Exception:
-            logger.exception("request %s: loading from LMCache failed", req_id)
-        return on_failure
+        return self.start(req_id, load).result(on_failure)
 
     def fail(self, req_id: str) -> None:
         """Report ``req_id`` failed at the next poll without running anything (e.g. sleep mode)."""

@@ -57,11 +57,9 @@ class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
             super().__init__(vllm_config, role, parent)
         self.role_name = role.name.lower()
         health.record(self.role_name, "init", self._manager)
-        if self.config.use_layerwise:
-            raise ValueError("LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms "
-                             "vLLM integration yet: its per-layer calls carry no per-group block ids")
-        logger.info("LMCache platforms engine impl (%s): %s; %s", self.role_name, self.plan.describe(),
-                    self.model.describe())
+        logger.info("LMCache platforms engine impl (%s): %s; %s%s", self.role_name, self.plan.describe(),
+                    self.model.describe(), "; layerwise: stores follow the forward and same-step loads run ahead "
+                    "of it, layer by layer, over the paged chunk objects" if self.layerwise else "")
         if not self.model.weights_found:
             logger.warning("the weight files of %s were not found: chunk keys tell its weights apart only by "
                            "model name and revision; set platforms.model_revision to name them",

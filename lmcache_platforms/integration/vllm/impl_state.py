@@ -51,6 +51,9 @@ class ImplState(LMCacheConnectorV1Impl):
     kv_caches: dict[str, Any]
     layerwise_retrievers: list[Any]
 
+    layerwise: bool
+    """LMCache's ``use_layerwise`` as configured: stores follow the forward and in-step loads run ahead of it,
+    layer by layer, over the paged chunk objects."""
     settings: PlatformSettings
     model: ModelIdentity
     plan: GroupPlan
@@ -72,8 +75,14 @@ class ImplState(LMCacheConnectorV1Impl):
 
     def _apply_extra_config(self, config: LMCacheEngineConfig, vllm_config: VllmConfig) -> None:
         """Upstream's ``lmcache.*`` keys, then the chunk size recurrent groups need (``recurrent.chunk_size_for``),
-        before upstream creates the LMCache engine with it; scheduler and workers choose alike."""
+        before upstream creates the LMCache engine with it; scheduler and workers choose alike.
+
+        ``use_layerwise`` is taken over here: LMCache's own layerwise mode keys and stores every layer apart
+        (and its per-layer calls carry no per-group block ids), so the engine is built paged and our worker side
+        moves the paged chunk objects layer by layer instead (``worker_side``): chunks stay hits across modes."""
         super()._apply_extra_config(config, vllm_config)
+        self.layerwise = bool(config.use_layerwise)
+        config.use_layerwise = False
         kv_cache_config = vllm_compat.kv_cache_config(self._parent)
         blocks = recurrent_block_sizes(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else []
         if not blocks:

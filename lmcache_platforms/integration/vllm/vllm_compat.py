@@ -45,3 +45,14 @@ def cpu_attention_isa(dtype: Any, block_size: int, head_size: int, cache_dtype: 
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
+
+
+def layers_with_transfer_hooks(forward_context: Any) -> set[str]:
+    """The layers whose forward calls the connector's per-layer hooks (``wait_for_layer_load``, ``save_kv_layer``):
+    vLLM's attention and MLA ops do (``maybe_transfer_kv_layer``, 0.23 and 0.32); recurrent and indexer layers
+    do not."""
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    layers = getattr(forward_context, "no_compile_layers", None) or {}
+    return {name for name, layer in layers.items() if isinstance(layer, (Attention, MLAAttention))}

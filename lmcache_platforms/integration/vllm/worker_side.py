@@ -1,6 +1,14 @@
 """Our engine impl's worker side: loads (in the step that computes a request, or while it waits: ``async_loads``)
 and saves, each with every group's block ids and the key tags, counted in the statistics.
 
+Layerwise mode (LMCache's ``use_layerwise``): the chunk objects are the paged mode's (a chunk stored in one mode
+is a hit in the other); what changes is when bytes move. A step's saves run on a store thread that copies each
+layer as soon as the forward marks it written (``save_kv_layer``), and ``wait_for_save`` waits for the rest. A
+load in the step that computes its request runs on the loader thread layer by layer, and the forward waits for
+one layer at a time (``wait_for_layer_load``); layers the forward never waits for (vLLM calls the hooks from
+its attention ops only: recurrent, indexer layers) are waited for before the forward starts. A load while its
+request waits has no forward of its own to overlap and stays whole. The hand-over is ``connector.layer_gate``.
+
 While the KV caches are unregistered (vLLM sleep mode, ``lifecycle``) a save is skipped and a load reported
 failed: nothing is copied into memory that may be unmapped.
 """
@@ -8,13 +16,18 @@ failed: nothing is copied into memory that may be unmapped.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.parts import store_chunks_ending_at
-from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults
+from lmcache_platforms.connector.request import LAYER_GATE
+from lmcache_platforms.integration.vllm import vllm_compat
+from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults, StartedLoad
 from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.key_tags import with_tags
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
@@ -22,23 +35,49 @@ from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:
     from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.config import LMCacheEngineConfig
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.forward_context import ForwardContext
 
 logger = init_logger(__name__)
 
 
+@dataclass
+class _LayerwiseLoad:
+    """A load in the step that computes its request, layer by layer: its gate and its outcome."""
+
+    request: RequestMeta
+    gate: LayerGate
+    job: StartedLoad[int | None]
+
+
 class WorkerSide(ImplState):
     """What vLLM's workers call each step: bind the step's metadata, load, save, report finished loads."""
+
+    _layerwise_loads: list[_LayerwiseLoad]
+    _store_job: tuple[LayerGate, Future[None]] | None
+    _store_thread: ThreadPoolExecutor | None
+
+    def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
+                              config: LMCacheEngineConfig) -> None:
+        super()._init_connector_state(role, vllm_config, config)
+        self._layerwise_loads = []
+        self._store_job = None
+        self._store_thread = None
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
         self.current_layer = 0
         self.layerwise_retrievers = []
 
-    def _transfer_kwargs(self, meta: RequestMeta, block_ids: Any) -> dict[str, Any]:
+    def _transfer_kwargs(self, meta: RequestMeta, block_ids: Any, gate: LayerGate | None = None) -> dict[str, Any]:
         """What our GPU connector reads (see ``lmcache_platforms.connector.request``), plus the key tags."""
-        return {"block_ids": block_ids, "request_configs": with_tags(meta.request_configs, self._key_tags),
-                "req_id": meta.req_id}
+        kwargs = {"block_ids": block_ids, "request_configs": with_tags(meta.request_configs, self._key_tags),
+                  "req_id": meta.req_id}
+        if gate is not None:
+            kwargs[LAYER_GATE] = gate
+        return kwargs
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self.current_layer = 0
@@ -55,11 +94,49 @@ class WorkerSide(ImplState):
             elif request.load_while_waiting:
                 self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
                                   wait=self.settings.load_mode == "sync")
+            elif self.layerwise and self.layout is not None:
+                gate = LayerGate([entry.name for entry in self.layout.layers])
+                job = self.loads.start(request.req_id, partial(self._load_one, engine, request, gate=gate))
+                self._layerwise_loads.append(_LayerwiseLoad(request, gate, job))
             else:
                 first = self.loads.call(request.req_id, partial(self._load_one, engine, request),
                                         on_failure=spec.vllm_cached_tokens)
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
+        if self._layerwise_loads and self.layout is not None:
+            hooked = vllm_compat.layers_with_transfer_hooks(forward_context)
+            for entry in self.layout.layers:
+                if entry.name not in hooked:
+                    self.wait_for_layer_load(entry.name)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """The forward is about to read ``layer_name``: wait until every load of this step wrote it (a load past
+        its deadline is given up: its blocks are reported failed, so what it left is never used)."""
+        if not self._layerwise_loads:
+            return
+        binding = self._binding()
+        for load in self._layerwise_loads:
+            ready, event = load.gate.wait(layer_name, load.job.deadline)
+            if not ready:
+                load.job.give_up()
+                load.gate.release()
+            elif binding is not None:
+                binding.streams.compute_after(event)
+
+    def _finish_layerwise_loads(self) -> None:
+        """After the forward: each layerwise load's outcome, a short one reported as in the paged mode."""
+        loads, self._layerwise_loads = self._layerwise_loads, []
+        for load in loads:
+            spec = load.request.load_spec
+            assert spec is not None
+            first = load.job.result(on_failure=spec.vllm_cached_tokens)
+            load.gate.release()
+            if first is not None:
+                self._fail_load(load.request, first, spec.lmcache_cached_tokens)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        self._finish_layerwise_loads()
+        return super().get_block_ids_with_load_errors()
 
     def _skip_load(self, engine: LMCacheEngine, request: RequestMeta) -> None:
         """A load while the KV caches are unregistered (vLLM stepped before restore_kv_caches): nothing is
@@ -81,9 +158,11 @@ class WorkerSide(ImplState):
         """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
         return self._load_one(engine, request, guard) is None
 
-    def _load_one(self, engine: LMCacheEngine, request: RequestMeta, guard: LoadGuard) -> int | None:
+    def _load_one(self, engine: LMCacheEngine, request: RequestMeta, guard: LoadGuard,
+                  gate: LayerGate | None = None) -> int | None:
         """Retrieve one request's hit into its blocks; the first token that did not arrive intact, or None.
-        Runs on the loader thread; never raises for a load that came back short."""
+        Runs on the loader thread; never raises for a load that came back short. With ``gate``, layer by layer;
+        the gate is released when the load ends, however it ends."""
         spec = request.load_spec
         assert spec is not None
         num_tokens = spec.lmcache_cached_tokens
@@ -106,9 +185,11 @@ class WorkerSide(ImplState):
                 mask,
                 vllm_cached_tokens=spec.vllm_cached_tokens,
                 load_guard=guard,
-                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)),
+                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens), gate),
             )
         finally:
+            if gate is not None:
+                gate.release()
             if not self.async_loading:
                 engine.lookup_unpin(request.req_id)
             self.stats.timing("load_seconds", time.perf_counter() - started)
@@ -147,11 +228,36 @@ class WorkerSide(ImplState):
         self.stats.count("loads_failed", len(results.failed))
         return results
 
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        """Layerwise mode: ``layer_name``'s KV is written; the step's saves (started by the first layer) may copy
+        it now. ``kv_layer`` is not read: the planes come from the bound layout."""
+        engine = self.lmcache_engine
+        binding = self._binding()
+        if not self.layerwise or engine is None or binding is None:
+            return
+        if self._store_job is None:
+            if self._store_thread is None:
+                self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-store")
+            gate = LayerGate([entry.name for entry in binding.layout.layers])
+            metadata = self._parent._get_connector_metadata()
+            self._store_job = gate, self._store_thread.submit(self._save_requests, engine, metadata, gate)
+        self._store_job[0].mark(layer_name, binding.streams.forward_event())
+
     def wait_for_save(self) -> None:
         engine = self.lmcache_engine
         if engine is None:
             return
-        metadata = self._parent._get_connector_metadata()
+        self._finish_layerwise_loads()
+        job, self._store_job = self._store_job, None
+        if job is not None:
+            gate, saving = job
+            gate.release()  # the forward is over: every layer's KV is written
+            saving.result()
+            return
+        self._save_requests(engine, self._parent._get_connector_metadata())
+
+    def _save_requests(self, engine: LMCacheEngine, metadata: Any, gate: LayerGate | None = None) -> None:
+        """Save what this step computed of every request (with ``gate``: layer by layer, on the store thread)."""
         for request in metadata.requests:
             if request.load_while_waiting:
                 continue  # its load (maybe still running) releases its pins; it saves once scheduled
@@ -170,7 +276,7 @@ class WorkerSide(ImplState):
                 continue
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False
-            kwargs = self._transfer_kwargs(request, request.block_ids)
+            kwargs = self._transfer_kwargs(request, request.block_ids, gate)
             binding = self._binding()
             bytes_before = binding.counters.bytes_stored if binding is not None else 0
             chunks_before = binding.counters.chunks_stored if binding is not None else 0
