@@ -129,7 +129,7 @@ class LayoutBinding:
         """``fmt``'s launches cut by layer, in the layout's layer order (``chunk_format.layer_launches``)."""
         cut = self._layer_launches.get(fmt.fingerprint)
         if cut is None:
-            cut = layer_launches(fmt, [entry.name for entry in self.layout.layers])
+            cut = layer_launches(fmt, self.layout.model_layers)
             for _, pieces in cut:  # each piece runs on the kernel chosen for the launch it is cut from
                 for piece in pieces:
                     whole = next(w for w in fmt.launches if w.offset <= piece.offset < w.offset + w.nbytes)

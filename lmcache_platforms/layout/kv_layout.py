@@ -171,6 +171,11 @@ class KVLayout:
             raise LayoutError(f"group {index} does not exist (groups {sorted(self._by_index)})") from None
 
     @property
+    def model_layers(self) -> tuple[str, ...]:
+        """The model's layer names, in order (the exploded mode names its entries per plane, ``layer/plane``)."""
+        return tuple(dict.fromkeys(p.layer for entry in self.layers for p in entry.planes))
+
+    @property
     def saved_groups(self) -> tuple[KVGroup, ...]:
         """Groups that chunks carry (those with at least one transfer group)."""
         indices = {tg.group for tg in self.transfer_groups}

@@ -99,8 +99,9 @@ class LayoutEngine:
         assert self.connector.binding is not None
         return self.connector.binding.key_tags
 
-    def store(self, tokens: list[int], block_ids: list[torch.Tensor]) -> None:
-        kwargs = {"block_ids": block_ids, "request_configs": self.tags}
+    def store(self, tokens: list[int], block_ids: list[torch.Tensor], **transfer: Any) -> None:
+        """``transfer``: more kwargs for the connector (``connector.request``), e.g. a ``layer_gate``."""
+        kwargs = {"block_ids": block_ids, "request_configs": self.tags, **transfer}
         if self.layerwise:
             for _ in self.engine.store_layer(torch.tensor(tokens), sync=True, **kwargs):
                 pass
@@ -120,15 +121,16 @@ class LayoutEngine:
             found = self.lookup(tokens, search_range)
         return found
 
-    def retrieve(self, tokens: list[int], block_ids: list[torch.Tensor]) -> int:
-        """Look up (pinning), load what hits into the planes, unpin; the number of tokens loaded."""
+    def retrieve(self, tokens: list[int], block_ids: list[torch.Tensor], **transfer: Any) -> int:
+        """Look up (pinning), load what hits into the planes, unpin; the number of tokens loaded. ``transfer``:
+        more kwargs for the connector, as for ``store``."""
         request_id = f"req-{uuid.uuid4().hex[:8]}"
         # retrieve_layer releases its own pins; pinning at lookup as well would unpin twice.
         found = self.engine.lookup(torch.tensor(tokens), lookup_id=request_id, pin=not self.layerwise,
                                    request_configs=self.tags)
         if self.layerwise and not found:
             return 0  # LMCache 0.5.6's retrieve_layer raises UnboundLocalError when nothing hits
-        kwargs = {"block_ids": block_ids, "request_configs": self.tags, "req_id": request_id}
+        kwargs = {"block_ids": block_ids, "request_configs": self.tags, "req_id": request_id, **transfer}
         try:
             if self.layerwise:
                 # The generator's last value is the hit mask; the ones before are progress markers.

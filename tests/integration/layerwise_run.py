@@ -32,7 +32,7 @@ def plant_zero_first_layer() -> None:
     load = LayoutBinding.load
 
     def zeroing(self, fmt, host, slots, launches=None):  # type: ignore[no-untyped-def]
-        if launches is not None and launches[0].planes[0].layer == self.layout.layers[0].name:
+        if launches is not None and launches[0].planes[0].layer == self.layout.model_layers[0]:
             host = torch.zeros_like(host)
         load(self, fmt, host, slots, launches)
 

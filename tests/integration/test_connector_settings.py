@@ -1,6 +1,7 @@
 """What vLLM's ``--kv-transfer-config`` does to our connector, through vLLM's real config and a real LMCache
 engine: ``platforms.*`` keys in ``kv_connector_extra_config`` win over the environment, LMCache's layerwise
-mode is refused, a bad mode is refused, and a model with a group we cannot restore never claims a hit."""
+mode is accepted (our worker side takes it over), a bad mode is refused, and a model with a group we cannot
+restore never claims a hit."""
 
 from __future__ import annotations
 
@@ -40,17 +41,14 @@ def with_unrestorable_group(window: int = 64) -> KVCacheConfig:
                          kv_cache_tensors=[KVCacheTensor(size=1, layers=names, layer_stride=1, block_stride=1)])
 
 
-def test_use_layerwise_and_a_bad_mode_are_refused_by_the_vllm_connector(model_dir) -> None:
+def test_use_layerwise_is_accepted_and_a_bad_mode_refused_by_the_vllm_connector(model_dir) -> None:
     """In a subprocess: see tests/integration/vllm_refusals.py."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("LMCACHE_PLATFORMS_MODE", None)
     proc = run_module("tests.integration.vllm_refusals", [str(model_dir)], env, REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     refused = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert refused["use_layerwise"] is not None
-    assert refused["use_layerwise"].startswith(
-        "ValueError: LMCache layerwise mode (use_layerwise) is not supported by the lmcache_platforms vLLM "
-        "integration")
+    assert refused["use_layerwise"] is None
     assert refused["bad_mode"] == "ValueError: platforms.mode must be one of bundled, exploded, got 'fused'"
 
 

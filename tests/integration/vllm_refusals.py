@@ -1,4 +1,4 @@
-"""Build our scheduler-side connector through vLLM's factory with kv_connector_extra_config it must refuse.
+"""Build our scheduler-side connector through vLLM's factory with kv_connector_extra_config it must refuse (or accept).
 
 Run as a module in a subprocess: a refused connector leaves LMCache's services, started by upstream's
 ``__init__`` before our checks run, with open ZMQ sockets that would block every later shutdown in the

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from lmcache_platforms.connector import binding as binding_module
+from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.kernels.contract import Direction
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.layout.kv_layout import KVLayout
@@ -170,3 +171,55 @@ def test_cpu_has_no_streams_and_no_scratch() -> None:
         assert (engine.connector.store_stream, engine.connector.load_stream) == (None, None)
         assert engine.connector.binding.scratch == {}
 
+
+
+def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_loaded_layer(accelerator) -> None:
+    """The paged connector with a ``LayerGate`` (our vLLM integration's layerwise mode): the store stream waits
+    for each layer's forward event before that layer's rows are gathered and copied out; a load queues each
+    layer's copies and kernels, then records that layer's event, which the forward's stream waits for."""
+    _, runtime = accelerator
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
+    request = roundtrip.make_request(layout, 128, seed=2)
+    chunks, layers = 2, layout.model_layers
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        streams = engine.connector.binding.streams
+        store, load = streams.store_stream.name, streams.load_stream.name
+        assert all(len(launches) == 1 for _, launches in engine.connector.binding.layer_launches(
+            engine.connector.fmt))  # one transfer group per layer here: one piece, one copy per layer and chunk
+        stored = roundtrip.snapshot(layout, request)
+        with runtime.watching(tagger(layout, engine)):
+            written = LayerGate(layers)
+            for name in reversed(layers):  # the forward's order does not matter: each layer waits for its own
+                written.mark(name, streams.forward_event())
+            forward = {entry[2] for entry in runtime.log if entry[0] == "record"}
+            runtime.log.clear()
+            engine.store(request.tokens, request.store_ids, layer_gate=written)
+            store_log = device_steps(runtime.log)
+            roundtrip.zero_planes(layout)
+            runtime.log.clear()
+            loaded = LayerGate(layers)
+            hit = engine.retrieve(request.tokens, request.load_ids, layer_gate=loaded)
+            load_log = device_steps(runtime.log)
+            runtime.log.clear()
+            for name in layers:
+                ready, event = loaded.wait(name)
+                assert ready
+                streams.compute_after(event)
+            forward_log = list(runtime.log)
+    assert roundtrip.verify(layout, request, stored, hit).bit_exact
+    assert forward == {"default"}
+    waits = [entry[2] for entry in store_log if entry[0] == "wait_event"]
+    per_layer = [("wait_event", store, event) for event in waits]
+    gathered = [kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)] * chunks
+    assert store_log == [("wait_stream", store, "default"), ("enter", store),
+                         *[entry for wait in per_layer for entry in (wait, *gathered)],
+                         ("exit", store), ("stream_synchronize", store),
+                         *[("copy", "default", None, "host", False)] * chunks]
+    assert len(set(waits)) == len(layers)
+    records = [entry[1] for entry in load_log if entry[0] == "record"]
+    queued = [("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")] * chunks
+    assert load_log == [("enter", load), *[entry for event in records[:-1] for entry in (*queued, ("record", event,
+                        load))], ("exit", load), ("record", records[-1], load), ("wait_event", "default",
+                        records[-1]), ("stream_synchronize", load)]
+    assert forward_log == [("wait_event", "default", event) for event in records[:-1]]

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+LAYERWISE_TAKEN = "lmcp_layerwise"
+"""Where LMCache's config keeps ``use_layerwise`` once an impl took it over (``_apply_extra_config``)."""
+
 
 def _settings(lmcache_config: LMCacheEngineConfig, vllm_config: VllmConfig) -> PlatformSettings:
     """Our keys as the GPU connector reads them: vLLM's ``kv_connector_extra_config`` over the environment over
@@ -79,9 +82,12 @@ class ImplState(LMCacheConnectorV1Impl):
 
         ``use_layerwise`` is taken over here: LMCache's own layerwise mode keys and stores every layer apart
         (and its per-layer calls carry no per-group block ids), so the engine is built paged and our worker side
-        moves the paged chunk objects layer by layer instead (``worker_side``): chunks stay hits across modes."""
+        moves the paged chunk objects layer by layer instead (``worker_side``): chunks stay hits across modes.
+        LMCache's config is one object per process (scheduler and worker share it in-process), so the request is
+        kept on it under our own name for the impl built second."""
         super()._apply_extra_config(config, vllm_config)
-        self.layerwise = bool(config.use_layerwise)
+        self.layerwise = bool(config.use_layerwise) or bool(getattr(config, LAYERWISE_TAKEN, False))
+        setattr(config, LAYERWISE_TAKEN, self.layerwise)
         config.use_layerwise = False
         kv_cache_config = vllm_compat.kv_cache_config(self._parent)
         blocks = recurrent_block_sizes(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else []

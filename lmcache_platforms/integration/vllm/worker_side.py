@@ -95,7 +95,7 @@ class WorkerSide(ImplState):
                 self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
                                   wait=self.settings.load_mode == "sync")
             elif self.layerwise and self.layout is not None:
-                gate = LayerGate([entry.name for entry in self.layout.layers])
+                gate = LayerGate(self.layout.model_layers)
                 job = self.loads.start(request.req_id, partial(self._load_one, engine, request, gate=gate))
                 self._layerwise_loads.append(_LayerwiseLoad(request, gate, job))
             else:
@@ -105,9 +105,9 @@ class WorkerSide(ImplState):
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
         if self._layerwise_loads and self.layout is not None:
             hooked = vllm_compat.layers_with_transfer_hooks(forward_context)
-            for entry in self.layout.layers:
-                if entry.name not in hooked:
-                    self.wait_for_layer_load(entry.name)
+            for name in self.layout.model_layers:
+                if name not in hooked:
+                    self.wait_for_layer_load(name)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """The forward is about to read ``layer_name``: wait until every load of this step wrote it (a load past
@@ -238,7 +238,7 @@ class WorkerSide(ImplState):
         if self._store_job is None:
             if self._store_thread is None:
                 self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-store")
-            gate = LayerGate([entry.name for entry in binding.layout.layers])
+            gate = LayerGate(binding.layout.model_layers)
             metadata = self._parent._get_connector_metadata()
             self._store_job = gate, self._store_thread.submit(self._save_requests, engine, metadata, gate)
         self._store_job[0].mark(layer_name, binding.streams.forward_event())

@@ -1,0 +1,138 @@
+"""The layerwise mode's pieces below vLLM: a chunk format cut by layer moves exactly the paged bytes (any layout,
+any order of layers), and the gate that hands layers between the forward and a transfer."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from lmcache_platforms.connector.binding import LayoutBinding
+from lmcache_platforms.connector.chunk_format import layer_launches, paged_format
+from lmcache_platforms.connector.layer_gate import LayerGate
+from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.fixtures import materialize
+from tests.layout.strategies import layout_specs
+
+
+@given(layout_specs(every_group=True), st.sampled_from(["bundled", "exploded"]))
+def test_layer_launches_tile_every_launch_by_layer_in_layer_order(spec, mode) -> None:
+    layout = materialize(spec, mode, seed=0)
+    fmt = paged_format(layout)
+    order = layout.model_layers
+    cut = layer_launches(fmt, order)
+    names = [name for name, _ in cut]
+    assert names == [name for name in order if name in names]
+    pieces = sorted((p for _, launches in cut for p in launches), key=lambda p: p.offset)
+    for name, launches in cut:
+        assert all(plane.layer == name for piece in launches for plane in piece.planes)
+    for launch in fmt.launches:
+        inside = [p for p in pieces if launch.offset <= p.offset < launch.offset + launch.nbytes]
+        assert [plane for p in inside for plane in p.planes] == list(launch.planes)
+        assert all(p.tg is launch.tg for p in inside)
+        ends = [launch.offset] + [p.offset + p.nbytes for p in inside]
+        assert [p.offset for p in inside] == ends[:-1] and ends[-1] == launch.offset + launch.nbytes
+
+
+def test_layer_launches_refuse_a_layer_outside_the_order() -> None:
+    from lmcache_platforms.layout import load_layout_spec
+
+    layout = materialize(load_layout_spec("gemma3"), seed=0)
+    first = layout.model_layers[0]
+    with pytest.raises(ValueError, match=rf"layers \['{first}'\] of the chunk format are not in the layer order"):
+        layer_launches(paged_format(layout), layout.model_layers[1:])
+
+
+def _planes(layout) -> list[torch.Tensor]:
+    return [plane.rows_view().clone() for plane in roundtrip.all_planes(layout)]
+
+
+@given(layout_specs(every_group=True, min_chunks=1, snapshots=True), st.sampled_from(["bundled", "exploded"]),
+       st.randoms(use_true_random=False))
+def test_moving_layer_by_layer_in_any_order_moves_the_paged_bytes(spec, mode, rng) -> None:
+    layout = materialize(spec, mode, seed=rng.randrange(2**16))
+    assume(layout.transfer_groups)
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], "torch")
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=rng.randrange(2**16))
+    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
+    assume(bounds)
+    cut = list(binding.layer_launches(fmt))
+    rng.shuffle(cut)
+    stores = binding.slots_per_chunk(fmt, request.store_ids, *zip(*bounds, strict=True))
+    loads = binding.slots_per_chunk(fmt, request.load_ids, *zip(*bounds, strict=True))
+    for store_slots, load_slots in zip(stores, loads, strict=True):
+        whole = torch.zeros(fmt.nbytes, dtype=torch.uint8)
+        binding.store(fmt, whole, store_slots)
+        by_layer = torch.zeros_like(whole)
+        for _, launches in cut:
+            binding.store(fmt, by_layer, store_slots, launches)
+        assert torch.equal(by_layer, whole)
+
+        roundtrip.zero_planes(layout)
+        binding.load(fmt, whole, load_slots)
+        expected = _planes(layout)
+        roundtrip.zero_planes(layout)
+        for _, launches in cut:
+            binding.load(fmt, whole, load_slots, launches)
+        assert all(torch.equal(a, b) for a, b in zip(_planes(layout), expected, strict=True))
+
+        # Negative control: one layer left out (when its bytes are not all zero) is seen by the same compare.
+        name, launches = next(((n, ls) for n, ls in cut
+                                if any(whole[p.offset:p.offset + p.nbytes].any() for p in ls)), (None, ()))
+        if name is not None:
+            roundtrip.zero_planes(layout)
+            for other, pieces in cut:
+                if other != name:
+                    binding.load(fmt, whole, load_slots, pieces)
+            assert not all(torch.equal(a, b) for a, b in zip(_planes(layout), expected, strict=True))
+
+
+def test_a_layer_the_gate_does_not_cover_is_ready_at_once_and_others_wait_until_marked() -> None:
+    gate = LayerGate(["a", "b"])
+    assert gate.wait("elsewhere", deadline=0.0) == (True, None)
+    assert gate.wait("a", deadline=time.monotonic() + 0.01) == (False, None)
+    event = object()
+    gate.mark("a", event)
+    assert gate.wait("a") == (True, event)
+    assert gate.wait("b", deadline=time.monotonic()) == (False, None)
+
+
+def test_release_ends_every_wait_of_the_gate() -> None:
+    gate = LayerGate(["a"])
+    results: list[tuple[bool, object]] = []
+    waiter = threading.Thread(target=lambda: results.append(gate.wait("a")))
+    waiter.start()
+    gate.release()
+    waiter.join(timeout=10)
+    assert results == [(True, None)] and gate.released
+
+
+def test_as_marked_yields_marked_layers_first_and_the_rest_in_order_once_released() -> None:
+    gate = LayerGate(["a", "b", "c"])
+    gate.mark("c", "event-c")
+    taken = gate.as_marked(["a", "b", "c"])
+    assert next(taken) == ("c", "event-c")
+    got: list[tuple[str, object]] = []
+    follower = threading.Thread(target=lambda: got.extend(taken))
+    follower.start()
+    gate.mark("b", "event-b")
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert got == [("b", "event-b")]  # "a" is not marked: it waits
+    gate.release()
+    follower.join(timeout=10)
+    assert got == [("b", "event-b"), ("a", None)]
+
+
+def test_a_load_gate_takes_one_pass() -> None:
+    gate = LayerGate(["a"])
+    gate.begin_pass()
+    with pytest.raises(TransferError, match="a layerwise load moves all its chunks in one batched call; got a second"):
+        gate.begin_pass()
