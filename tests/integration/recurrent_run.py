@@ -129,7 +129,8 @@ def main(model: str, store: str, mode: str) -> None:
         counters = impl.lmcache_engine.gpu_connector.binding.counters
         result.update(plan=impl.plan.describe(), hits_allowed=impl.plan.hits_allowed, why=impl.plan.why_no_hits(),
                       chunk_size=impl._lmcache_chunk_size, chunks_stored=counters.chunks_stored,
-                      chunks_loaded=counters.chunks_loaded)
+                      chunks_loaded=counters.chunks_loaded, layers_stored=counters.layers_stored,
+                      layers_loaded=counters.layers_loaded)
     print(json.dumps(result))
 
 
