@@ -203,8 +203,9 @@ class WorkerSide(ImplState):
         missing = mask & ~ret_mask.to(device="cpu", dtype=torch.bool)
         if not bool(missing.any()):
             if binding is not None:
-                logger.info("request %s: loaded tokens [%d, %d) from LMCache, %d bytes read", request.req_id,
-                            skipped, num_tokens, binding.counters.bytes_loaded - bytes_before)
+                logger.info("request %s: loaded tokens [%d, %d) from LMCache, %d bytes read%s", request.req_id,
+                            skipped, num_tokens, binding.counters.bytes_loaded - bytes_before,
+                            ", layer by layer" if gate is not None else "")
             return None
         first = int(torch.nonzero(missing)[0])
         logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d",
@@ -289,8 +290,9 @@ class WorkerSide(ImplState):
             self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
             if binding.counters.bytes_stored > bytes_before:
                 states = f", recurrent state at {list(request.state_ends)}" if self.plan.snapshot_groups else ""
-                logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s", request.req_id,
-                            start, end, binding.counters.bytes_stored - bytes_before, states)
+                logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s%s", request.req_id,
+                            start, end, binding.counters.bytes_stored - bytes_before, states,
+                            ", layer by layer" if gate is not None else "")
 
     def _store(self, engine: LMCacheEngine, request: RequestMeta, mask: torch.Tensor, start: int, end: int,
                kwargs: dict[str, Any]) -> None:

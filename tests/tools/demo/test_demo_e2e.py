@@ -6,6 +6,7 @@ server without a connector; upstream's in-process connector must be refused by v
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,27 @@ def test_the_served_verdict_catches_a_zeroed_block_on_load(models: Path, no_conn
     assert any(not compare(r, w).identical or compare(r, w).max_logit_steps > MAX_LOGIT_DRIFT_BF16_STEPS
                for r, w in zip(no_connector["requests"], warm["requests"], strict=True))
     assert "kernels faulty, " in Path(warm["log"]).read_text()  # the server's worker really ran the plugin
+
+
+def test_served_layerwise_mode_hits_and_answers_as_without_a_connector(
+        models: Path, no_connector: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """LMCache's ``use_layerwise`` through ``vllm serve`` (``LMCACHE_USE_LAYERWISE=True``, as users set LMCache's
+    keys): the cold server stores every chunk layer by layer as the forward writes it, a fresh server loads every
+    whole chunk (while each request waits: several groups) and answers as vLLM without a connector. The zeroed
+    block above is this oracle's negative control."""
+    workdir = tmp_path_factory.mktemp("layerwise")
+    run = run_demo(DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=CHUNK,
+                               extra_env={"LMCACHE_USE_LAYERWISE": "True"}), lambda _m: None)
+    result = summary(run)
+    assert result["hit_tokens_per_request"] == EXPECTED_HITS
+    assert problems(result) == []
+    cold, warm = run.outcomes["ours"].passes["cold"], run.outcomes["ours"].passes["warm"]
+    # One store per request and one for the warm-up, each layer by layer (no line without the words).
+    stored = re.findall(r"stored tokens \[\d+, \d+\) in LMCache, \d+ bytes written(, layer by layer)?",
+                        Path(cold["log"]).read_text())
+    assert stored == [", layer by layer"] * (len(REQUESTS) + 1)
+    _assert_same_answers(no_connector, cold)
+    _assert_same_answers(no_connector, warm)
 
 
 def test_in_process_engine_with_our_connector_hits_and_answers_as_without_a_connector(
