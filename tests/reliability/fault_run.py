@@ -11,7 +11,8 @@ the reference the tests compare with.
 SPEC: ``model``, ``connector`` (``kv_connector_extra_config`` or null), ``policy`` (``kv_load_failure_policy``),
 ``store`` (what the faults act on: ``{"kind": "redis", "binary": ..., "dir": ...}``, ``{"kind": "disk"|"fs",
 "dir": ...}`` or ``{"kind": "cpu"}``), ``scenarios`` (``[{"name", "fault", "chunk", "others", "warm_others",
-"again"}]``, see ``Run.scenario``) and, for the reference, ``prompts`` (names). The kernel faults switch the
+"again"}]``, see ``Run.scenario``), ``single_group`` (vLLM's hybrid KV-cache manager off: one group, loads in
+the step that computes the request) and, for the reference, ``prompts`` (names). The kernel faults switch the
 test's faulty backend (``tests/faults``) through ``LMCACHE_PLATFORMS_FAULT``, read at every transfer.
 """
 
@@ -98,10 +99,11 @@ class Run:
             self.redis = RedisServer(store["dir"], store["binary"])
             self.redis.start()
             extra["lmcache.remote_url"] = self.redis.url
-        self.llm = self._engine(spec["model"], extra if spec["connector"] is not None else None, spec["policy"])
+        self.llm = self._engine(spec["model"], extra if spec["connector"] is not None else None, spec["policy"],
+                                bool(spec.get("single_group")))
 
     @staticmethod
-    def _engine(model: str, extra: dict[str, Any] | None, policy: str) -> Any:
+    def _engine(model: str, extra: dict[str, Any] | None, policy: str, single_group: bool) -> Any:
         from vllm import LLM
 
         args: dict[str, Any] = {}
@@ -110,7 +112,7 @@ class Run:
                                           "kv_load_failure_policy": policy, "kv_connector_extra_config": extra}
         return LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", block_size=32,
                    max_model_len=1024, max_num_batched_tokens=1024, enable_prefix_caching=False, seed=0,
-                   disable_log_stats=False, **args)
+                   disable_log_stats=False, disable_hybrid_kv_cache_manager=single_group, **args)
 
     # ---------------------------------------------------------------- engine views
 
@@ -122,7 +124,8 @@ class Run:
 
     def counters(self) -> dict[str, int]:
         counters = self.impl.lmcache_engine.gpu_connector.binding.counters
-        return {"chunks_stored": counters.chunks_stored, "chunks_loaded": counters.chunks_loaded}
+        return {"chunks_stored": counters.chunks_stored, "chunks_loaded": counters.chunks_loaded,
+                "layers_loaded": counters.layers_loaded}
 
     def lmcache_hits(self) -> int:
         return sum(int(m.value) for m in self.llm.get_metrics() if m.name == "vllm:external_prefix_cache_hits")
@@ -241,6 +244,7 @@ class Run:
                 "cold": cold, "cold_chunks_stored": cold_stored, "warm": warm, "log": captured.lines,
                 "lmcache_hit_tokens": self.lmcache_hits() - hits,
                 "chunks_loaded": after["chunks_loaded"] - counters["chunks_loaded"],
+                "layers_loaded": after["layers_loaded"] - counters["layers_loaded"],
                 "chunks_stored": after["chunks_stored"] - counters["chunks_stored"], "again": [],
             }
             for _ in range(item.get("again", 0)):

@@ -206,6 +206,63 @@ def test_same_size_garbage_in_a_redis_value_is_not_loaded(redis_run, reference):
     assert_stored_anew(garbage, 256)
 
 
+# ---------------------------------------------------------------- layerwise, loads in the computing step
+
+
+@pytest.fixture(scope="module")
+def layerwise_run(model: Path, redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """LMCache's ``use_layerwise`` with one KV-cache group (hybrid manager off) and the ``sync`` load mode: each
+    warm load runs beside the forward, layer by layer, and a failure is reported per block. Redis behind an
+    allocate-only CPU cache, kernels from the faulty backend."""
+    workdir = tmp_path_factory.mktemp("layerwise")
+    env = faulty_env(install_faulty_backend(workdir / "plugin"), "none")
+    connector = {**BASE, "lmcache.local_cpu": False, "lmcache.remote_serde": "naive", "lmcache.use_layerwise": True,
+                 "platforms.load_mode": "sync"}
+    scenarios = [
+        {"name": "ok/140", "fault": "none"},
+        {"name": "kernel/140", "fault": "raise", "again": 1},
+        {"name": "trunc", "fault": "redis_kv_bytes_truncate", "chunk": 2, "again": 1},
+        {"name": "garbage", "fault": "redis_kv_bytes_garbage", "chunk": 3, "again": 1},
+        {"name": "stop", "fault": "redis_stop", "again": 2},
+    ]
+    store = {"kind": "redis", "binary": redis_binary, "dir": str(workdir)}
+    return run_engine({"model": str(model), "connector": connector, "policy": "recompute", "store": store,
+                       "scenarios": scenarios, "single_group": True}, workdir, env)["scenarios"]
+
+
+@pytest.mark.redis
+def test_layerwise_loads_in_the_computing_step_and_every_fault_costs_a_recompute_only(layerwise_run, reference):
+    ok = layerwise_run["ok/140"]
+    assert_served_as_without_connector(ok, reference)
+    assert (ok["lmcache_hit_tokens"], ok["chunks_loaded"], failed_loads(ok["log"])) == (128, 2, [])
+    assert ok["layers_loaded"] == 4  # one load call, each of the model's 4 layers apart
+
+    kernel = layerwise_run["kernel/140"]  # the first layer's launch raises: nothing of the load is trusted
+    assert_served_as_without_connector(kernel, reference)
+    (line,) = failed_loads(kernel["log"])
+    match = WRITE_FAILED.search(line)
+    assert match is not None and match[1] == "128" and "TEST FAULT raise" in match[2], line
+    assert kernel["chunks_loaded"] == 0
+    assert_stored_anew(kernel, 128)
+
+    trunc = layerwise_run["trunc"]
+    assert_served_as_without_connector(trunc, reference)
+    assert short_load(trunc["log"]) == (128, 256, 128)
+    assert trunc["chunks_loaded"] == 2
+    assert_stored_anew(trunc, 256)
+
+    garbage = layerwise_run["garbage"]
+    assert_served_as_without_connector(garbage, reference)
+    assert short_load(garbage["log"]) == (0, 256, 0)
+    assert garbage["chunks_loaded"] == 0
+    assert_stored_anew(garbage, 256)
+
+    stop = layerwise_run["stop"]
+    assert_served_as_without_connector(stop, reference)
+    assert (stop["lmcache_hit_tokens"], stop["chunks_loaded"], failed_loads(stop["log"])) == (0, 0, [])
+    assert [(a["lmcache_hit_tokens"], a["chunks_loaded"]) for a in stop["again"]] == [(0, 0), (256, 4)]
+
+
 # ---------------------------------------------------------------- local disk and fs:// files
 
 
