@@ -1,0 +1,64 @@
+"""A layerwise load in the step that computes its request (one KV-cache group, ``sync`` load mode), through the
+connector halves vLLM builds and a real LMCache engine: a load whose store does not answer is given up at
+``platforms.load_timeout_s`` while the forward waits for its first layer, its blocks are reported failed (vLLM
+recomputes them), and the late answer writes nothing into them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.integration.test_end_to_end import PROMPT, admit
+from tests.integration.vllm_stack import single_group_stack
+
+pytestmark = pytest.mark.slow
+
+LOAD_TIMEOUT_S = 1.0
+TABLE_A, TABLE_B, TABLE_C = ([1, 2, 3, 4, 5, 6, 7],), ([8, 9, 10, 11, 12, 13, 14, 15],), ([16, 17, 18, 19, 20, 21,
+                                                                                           22, 23],)
+
+
+@pytest.fixture(scope="module")
+def layerwise(model_dir):
+    yield from single_group_stack(model_dir, **{"platforms.load_mode": "sync", "lmcache.use_layerwise": True,
+                                                "platforms.load_timeout_s": LOAD_TIMEOUT_S})
+
+
+def test_a_stuck_layerwise_load_is_given_up_at_its_deadline_and_its_late_answer_writes_nothing(layerwise,
+                                                                                               monkeypatch):
+    hit, step = admit(layerwise, "a", PROMPT, TABLE_A)
+    layerwise.step(step, {"a": (PROMPT, TABLE_A)})
+    assert layerwise.worker.impl.layerwise
+    prompt = PROMPT[:192] + list(range(5000, 5040))
+    hit, step = admit(layerwise, "b", prompt, TABLE_B)
+    assert hit == 192
+    engine = layerwise.worker.impl.lmcache_engine
+    answer, answered = threading.Event(), threading.Event()
+    retrieve = engine.retrieve
+
+    def stuck(*args, **kwargs):
+        answer.wait(60)
+        try:
+            return retrieve(*args, **kwargs)
+        finally:
+            answered.set()
+
+    monkeypatch.setattr(engine, "retrieve", stuck)
+    untouched = layerwise.rows(0, TABLE_B[0], range(192))
+    started = time.monotonic()
+    layerwise.step(step, {})
+    assert time.monotonic() - started < LOAD_TIMEOUT_S + 30  # bounded by the deadline, not by the store
+    assert layerwise.worker.get_block_ids_with_load_errors() == {8, 9, 10, 11, 12, 13}  # tokens [0, 192)
+    answer.set()
+    assert answered.wait(60)
+    assert torch.equal(layerwise.rows(0, TABLE_B[0], range(192)), untouched)
+
+    # The control: the same hit loaded by a store that answers does write those rows.
+    monkeypatch.setattr(engine, "retrieve", retrieve)
+    hit, step = admit(layerwise, "c", prompt, TABLE_C)
+    layerwise.step(step, {})
+    assert hit == 192 and layerwise.worker.get_block_ids_with_load_errors() == set()
+    assert not torch.equal(layerwise.rows(0, TABLE_C[0], range(192)), untouched)
