@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--requests", type=int, default=3, help="prompts per tier (default 3)")
     engine.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (default 256)")
     engine.add_argument("--tiers", default="cpu,disk,fs,redis", help="comma list of cpu, disk, fs, redis")
+    engine.add_argument("--modes", default="paged",
+                        help="comma list of paged, layerwise (LMCache's use_layerwise); both adds load_hidden")
     engine.add_argument("--workdir", type=Path, default=None,
                         help="where configs and logs go (default: a temporary folder, kept if a tier failed)")
     parser.add_argument("--backend", default=None,
@@ -304,7 +306,7 @@ def run_engine(args: argparse.Namespace) -> int:
                   f"{result['chunk_size']}, cores {result['cores']}")
             for row in result["tiers"]:
                 print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
-        return [f"tier {row['tier']}: {row['error']}" for row in result["tiers"] if "error" in row]
+        return [f"tier {row['tier']} ({row['mode']}): {row['error']}" for row in result["tiers"] if "error" in row]
 
     try:
         return run_in_workdir(args.workdir, False, "lmcache-platforms-bench-", print, body)

@@ -29,6 +29,7 @@ from lmcache_platforms.tools.redis_server import RedisServer
 
 GIB = 2**30
 TIERS = ("cpu", "disk", "fs", "redis")
+MODES = ("paged", "layerwise")
 # LMCache's lines (v0.5.6 cache_engine.py) give each store/retrieve call's cost in ms; their size (GiB, four
 # decimals) is too coarse for short prompts, so bytes come from our connector's line for the request, logged
 # after all of LMCache's calls for it (one per chunk part).
@@ -54,6 +55,7 @@ class EngineBench:
     workdir: Path
     resources: Resources = field(default_factory=Resources.available)
     timeout_s: float = 900.0
+    modes: tuple[str, ...] = ("paged",)
 
 
 @dataclass
@@ -122,8 +124,9 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner, store: str) -> dict[str, Any]:
-    """One tier: a cold pass stores the prompts, then they are loaded from the tier.
+def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner, store: str,
+             mode: str = "paged") -> dict[str, Any]:
+    """One tier in one mode: a cold pass stores the prompts, then they are loaded from the tier.
 
     LMCache's local disk index lives in its process, so the disk tier loads in the engine that stored, its CPU
     cache sized for about one prompt: by the time a prompt comes again it is on disk only. The CPU tier loads
@@ -135,7 +138,7 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     cpu_gib = (1.5 * per_request + 2**26) / GIB if tier == "disk" else max(0.5, store_gib)
     config = bench.workdir / f"{tier}.yaml"
     config.write_text(lmcache_yaml(tier, bench.chunk_size, cpu_gib, store_gib, store))
-    env = {"LMCACHE_CONFIG_FILE": str(config)}
+    env = {"LMCACHE_CONFIG_FILE": str(config), "LMCACHE_USE_LAYERWISE": str(mode == "layerwise")}
     same_engine = tier in ("cpu", "disk")
     again = [Request(f"{r.name}-again", r.tokens) for r in served] if same_engine else []
     cold = runner.run(f"{tier}-cold", _spec(bench, model_dir, served + again, f"{tier}-cold", per_request), env)
@@ -152,6 +155,7 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     memcpy_gbps = per_request / memcpy_s / 1e9
     return {
         "tier": tier,
+        "mode": mode,
         "memcpy_GBps": memcpy_gbps,
         "store_GBps": stored.gbps,
         "store_x_memcpy": stored.gbps / memcpy_gbps if stored.gbps else None,
@@ -174,22 +178,35 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
     runner = PassRunner(bench.workdir, bench.resources, progress, bench.timeout_s)
     results = []
     for tier in bench.tiers:
-        store = bench.workdir / f"{tier}-store"
-        shutil.rmtree(store, ignore_errors=True)
-        store.mkdir(parents=True)
-        progress(f"tier {tier}: {bench.requests} prompts of {bench.tokens} tokens")
-        try:
-            if tier == "redis":
-                with RedisServer(str(store)) as server:
-                    results.append(run_tier(bench, tier, model_dir, runner, server.url))
-            else:
-                results.append(run_tier(bench, tier, model_dir, runner, str(store.resolve())))
-        except Exception as exc:  # noqa: BLE001 - one tier's failure is a result, not the end of the bench
-            results.append({"tier": tier, "error": f"{type(exc).__name__}: {exc}"})
-        finally:
+        for mode in bench.modes:
+            store = bench.workdir / f"{tier}-store"
             shutil.rmtree(store, ignore_errors=True)
+            store.mkdir(parents=True)
+            progress(f"tier {tier}, {mode}: {bench.requests} prompts of {bench.tokens} tokens")
+            try:
+                if tier == "redis":
+                    with RedisServer(str(store)) as server:
+                        results.append(run_tier(bench, tier, model_dir, runner, server.url, mode))
+                else:
+                    results.append(run_tier(bench, tier, model_dir, runner, str(store.resolve()), mode))
+            except Exception as exc:  # noqa: BLE001 - one tier's failure is a result, not the end of the bench
+                results.append({"tier": tier, "mode": mode, "error": f"{type(exc).__name__}: {exc}"})
+            finally:
+                shutil.rmtree(store, ignore_errors=True)
+        add_load_hidden(results[-len(bench.modes):])
     return {"model": bench.model.name, "tokens": bench.tokens, "requests": bench.requests,
             "chunk_size": bench.chunk_size, "cores": bench.resources.cpu_list(), "tiers": results}
+
+
+def add_load_hidden(rows: list[dict[str, Any]]) -> None:
+    """On a tier's layerwise row, the part of the paged load its warm TTFT hid (see the module's docstring)."""
+    by_mode = {row["mode"]: row for row in rows if "error" not in row}
+    paged, layerwise = by_mode.get("paged"), by_mode.get("layerwise")
+    if paged is None or layerwise is None or not paged["load_ms"] or paged["warm_ttft_s"] is None:
+        return
+    load_s = paged["load_ms"] / 1e3
+    forward_s = paged["warm_ttft_s"] - load_s
+    layerwise["load_hidden"] = 1 - (layerwise["warm_ttft_s"] - forward_s) / load_s
 
 
 def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
@@ -208,8 +225,11 @@ def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
     unknown = sorted(set(tiers) - set(TIERS))
     if unknown or not tiers:
         raise ValueError(f"--tiers takes a comma list of {', '.join(TIERS)}, got {args.tiers!r}")
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or sorted(set(modes) - set(MODES)) or len(set(modes)) != len(modes):
+        raise ValueError(f"--modes takes a comma list of {', '.join(MODES)} (each once), got {args.modes!r}")
     per_request = kv_bytes_per_token(model) * args.tokens
     resources = Resources.available()
     kv_gib = max(resources.kv_cache_gib, -(-2 * per_request // GIB))
     return EngineBench(model, args.tokens, args.requests, args.chunk_size, tiers, workdir,
-                       replace(resources, kv_cache_gib=kv_gib))
+                       replace(resources, kv_cache_gib=kv_gib), modes=modes)

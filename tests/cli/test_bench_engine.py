@@ -51,6 +51,8 @@ def run(argv: list[str]) -> int:
     (["--engine", "--tokens", "64"], "--engine needs --tokens >= --chunk-size and --requests >= 1, got 64, 256, 3"),
     (["--engine", "--tiers", "cpu,tape"], "--tiers takes a comma list of cpu, disk, fs, redis, got 'cpu,tape'"),
     (["--engine", "--model", "tiny", "--full-attention-every", "5"], "--full-attention-every must be 1 to 4, got 5"),
+    (["--engine", "--modes", "paged,paged"], "--modes takes a comma list of paged, layerwise (each once), got "
+                                             "'paged,paged'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys, tmp_path) -> None:
     assert run([*argv, "--workdir", str(tmp_path)]) == 2
@@ -61,10 +63,15 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys,
 def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(capsys, tmp_path) -> None:
     tokens = 512
     assert run(["--engine", "--model", "tiny", "--tokens", str(tokens), "--requests", "2", "--chunk-size", "128",
-                "--tiers", "cpu", "--workdir", str(tmp_path), "--json"]) == 0
+                "--tiers", "cpu", "--modes", "paged,layerwise", "--workdir", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    (row,) = result["tiers"]
-    assert row["tier"] == "cpu" and "error" not in row, row
+    row, layerwise = result["tiers"]
+    assert (row["tier"], row["mode"], layerwise["tier"], layerwise["mode"]) == ("cpu", "paged", "cpu", "layerwise")
+    assert "error" not in row and "error" not in layerwise, result
+    # The layerwise mode moves the same chunk objects: the same bytes per request, the same hits.
+    for key in ("hit_tokens", "stored_bytes_per_request", "read_bytes_per_request"):
+        assert layerwise[key] == row[key], key
+    assert isinstance(layerwise["load_hidden"], float) and "load_hidden" not in row
     assert row["hit_tokens"] == [tokens - 1, tokens - 1]  # vLLM computes the last prompt token itself
     # One layer attends fully; 3 slide over 64 tokens, so each 128-token chunk keeps their last 64 rows, and a
     # hit reads the full layer's 4 chunks and only the last chunk of the sliding ones.
