@@ -17,6 +17,9 @@ failed-block reporting. Rules on top of upstream's:
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
   - every chunk key carries the request's scope (LoRA adapter, cache_salt, the generation a prefix-cache reset
     bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
+  - LMCache's ``use_layerwise`` is taken over: the engine stays paged (same chunk objects, hits across modes)
+    and the worker side stores each layer as the forward writes it and loads a same-step hit layer by layer
+    ahead of the forward (``worker_side``, ``connector.layer_gate``);
   - vLLM 0.33 sleep mode: between ``unregister_kv_caches`` and ``restore_kv_caches`` nothing of ours touches
     the KV tensors (a save is skipped, a load reported failed), and restore checks they did not move.
 
