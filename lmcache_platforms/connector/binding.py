@@ -125,6 +125,13 @@ class LayoutBinding:
             table[group] = slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True)
         return [{group: slots[i] for group, slots in table.items()} for i in range(len(bounds))]
 
+    @property
+    def moved_layers(self) -> tuple[str, ...]:
+        """The model's layers with planes this binding moves, in order (a layer with only unsaved state planes
+        is not one): what a ``LayerGate`` for its transfers covers."""
+        moved = {p.layer for tg in self.layout.transfer_groups for p in tg.planes}
+        return tuple(name for name in self.layout.model_layers if name in moved)
+
     def layer_launches(self, fmt: ChunkFormat) -> tuple[tuple[str, tuple[Launch, ...]], ...]:
         """``fmt``'s launches cut by layer, in the layout's layer order (``chunk_format.layer_launches``)."""
         cut = self._layer_launches.get(fmt.fingerprint)

@@ -3,7 +3,9 @@ for bit.
 
 Each example draws a layout file (1-3 groups with sliding windows, compressed rows, state groups, snapshot
 groups of recurrent state, non-power-of-two block and chunk sizes, padded or shared buffers, mixed dtypes), a
-mode, a kernel backend, the paged or the layerwise connector (any number of steps), and a request whose block
+mode, a kernel backend, the paged connector (moving whole chunks, or layer by layer through a ``LayerGate``, our
+vLLM integration's layerwise mode, the forward marking layers in a random order) or LMCache's layerwise connector
+(any number of steps), and a request whose block
 tables hold null blocks both where vLLM frees a sliding window's prefix and at random places (blocks vLLM's prefix cache
 owns are passed as 0 too). The selftest oracle then demands that every row a stored chunk holds comes back
 at its new slot, that no other row of any plane was written, and that LMCache hits exactly the tokens that
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import random
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +28,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.layout import LayoutSpec, load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
@@ -47,17 +52,25 @@ def frozen_heap() -> Iterator[None]:
 
 
 @st.composite
-def cases(draw) -> tuple[LayoutSpec, str, str, str, int | None, int, list[list[bool]]]:
-    """(layout file, mode, row unit, kernel backend, layerwise steps or None for the paged connector, seed, per
-    group: which blocks of the table are also null)."""
+def cases(draw) -> tuple[LayoutSpec, str, str, str, int | str | None, int, list[list[bool]]]:
+    """(layout file, mode, row unit, kernel backend, layerwise steps, ``"gated"`` or None for the paged connector,
+    seed, per group: which blocks of the table are also null)."""
     spec = draw(layout_specs(every_group=True, min_chunks=1, snapshots=True))
     mode = draw(st.sampled_from(["bundled", "exploded"]))
     rows = draw(st.sampled_from(["tokens", "blocks"]))
     backend = draw(st.sampled_from(["auto", "torch"]))
-    steps = draw(st.one_of(st.none(), st.integers(1, len(spec.layers))))
+    steps = draw(st.one_of(st.none(), st.just("gated"), st.integers(1, len(spec.layers))))
     seed = draw(st.integers(0, 2**16))
     nulls = [draw(st.lists(st.booleans(), min_size=blocks, max_size=blocks)) for blocks in spec.num_blocks]
     return spec, mode, rows, backend, steps, seed, nulls
+
+
+def mark_in_order(gate: LayerGate, layers: tuple[str, ...], seed: int) -> None:
+    """The forward's side: every layer marked written, in a random order."""
+    order = list(layers)
+    random.Random(seed).shuffle(order)
+    for name in order:
+        gate.mark(name)
 
 
 def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> roundtrip.Request:
@@ -146,19 +159,35 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
         assert request.stored_tokens == spec.num_tokens // spec.chunk_size * spec.chunk_size
     before = {(p.layer, p.name): p.rows_view().clone() for p in roundtrip.all_planes(model)}
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, spec.num_tokens))
-    with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=steps is not None,
-                      layer_steps=steps) as engine:
+    layerwise = isinstance(steps, int)
+    with LayoutEngine(layout, storage, kernel_backend=backend, layerwise=layerwise,
+                      layer_steps=steps if layerwise else None) as engine:
         stored = roundtrip.snapshot(layout, request)
-        engine.store(request.tokens, request.store_ids)
+        moved = engine.connector.binding.moved_layers
+        if steps == "gated":
+            written = LayerGate(moved)
+            marking = threading.Thread(target=mark_in_order, args=(written, moved, seed))
+            marking.start()
+            engine.store(request.tokens, request.store_ids, layer_gate=written)
+            marking.join()
+        else:
+            engine.store(request.tokens, request.store_ids)
         for allocation in allocations(layout):
             allocation.zero_()
-        hit = engine.retrieve(request.tokens, request.load_ids)
+        loaded = LayerGate(moved)
+        hit = engine.retrieve(request.tokens, request.load_ids,
+                              **({"layer_gate": loaded} if steps == "gated" else {}))
         verdict = roundtrip.verify(layout, request, stored, hit)
         chunks = -(-request.stored_tokens // spec.chunk_size)
         counters = engine.connector.binding.counters
         assert (counters.chunks_stored, counters.chunks_loaded) == (chunks, chunks if hit else 0)
         if steps is None:
             assert counters.launches == 2 * chunks * layout.launches_per_chunk
+        if steps == "gated":
+            layers = len(engine.connector.binding.layer_launches(engine.connector.fmt))
+            assert (counters.layers_stored, counters.layers_loaded) == (layers, layers if hit else 0)
+            assert all(loaded.wait(name, deadline=0.0)[0] for name in moved) == bool(hit)
+            assert not loaded.released  # marked one by one by the load, not let through
     assert hit == request.stored_tokens
     assert verdict.bit_exact, verdict.problems  # the selftest's own oracle
     check_against_model(spec, model, request, before)  # and one that shares no slot or chunk code with it

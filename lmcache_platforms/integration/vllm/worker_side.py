@@ -94,8 +94,8 @@ class WorkerSide(ImplState):
             elif request.load_while_waiting:
                 self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
                                   wait=self.settings.load_mode == "sync")
-            elif self.layerwise and self.layout is not None:
-                gate = LayerGate(self.layout.model_layers)
+            elif self.layerwise and (binding := self._binding()) is not None:
+                gate = LayerGate(binding.moved_layers)
                 job = self.loads.start(request.req_id, partial(self._load_one, engine, request, gate=gate))
                 self._layerwise_loads.append(_LayerwiseLoad(request, gate, job))
             else:
@@ -103,9 +103,9 @@ class WorkerSide(ImplState):
                                         on_failure=spec.vllm_cached_tokens)
                 if first is not None:
                     self._fail_load(request, first, spec.lmcache_cached_tokens)
-        if self._layerwise_loads and self.layout is not None:
+        if self._layerwise_loads and (binding := self._binding()) is not None:
             hooked = vllm_compat.layers_with_transfer_hooks(forward_context)
-            for name in self.layout.model_layers:
+            for name in binding.moved_layers:
                 if name not in hooked:
                     self.wait_for_layer_load(name)
 
@@ -239,7 +239,7 @@ class WorkerSide(ImplState):
         if self._store_job is None:
             if self._store_thread is None:
                 self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-store")
-            gate = LayerGate(binding.layout.model_layers)
+            gate = LayerGate(binding.moved_layers)
             metadata = self._parent._get_connector_metadata()
             self._store_job = gate, self._store_thread.submit(self._save_requests, engine, metadata, gate)
         self._store_job[0].mark(layer_name, binding.streams.forward_event())
