@@ -56,7 +56,9 @@ class WorkerSide(ImplState):
     """What vLLM's workers call each step: bind the step's metadata, load, save, report finished loads."""
 
     _layerwise_loads: list[_LayerwiseLoad]
-    _store_job: tuple[LayerGate, Future[None]] | None
+    _store_job: tuple[LayerGate, Future[None], frozenset[str]] | None
+    """This step's saves on the store thread: their gate, their outcome, and the requests whose lookup pins they
+    leave (a same-step load of theirs may still be reading the pinned chunks): unpinned once the loads ended."""
     _store_thread: ThreadPoolExecutor | None
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
@@ -241,7 +243,9 @@ class WorkerSide(ImplState):
                 self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="lmcache-platforms-store")
             gate = LayerGate(binding.moved_layers)
             metadata = self._parent._get_connector_metadata()
-            self._store_job = gate, self._store_thread.submit(self._save_requests, engine, metadata, gate)
+            loading = frozenset(load.request.req_id for load in self._layerwise_loads)
+            self._store_job = gate, self._store_thread.submit(self._save_requests, engine, metadata, gate,
+                                                              loading), loading
         self._store_job[0].mark(layer_name, binding.streams.forward_event())
 
     def wait_for_save(self) -> None:
@@ -251,18 +255,23 @@ class WorkerSide(ImplState):
         self._finish_layerwise_loads()
         job, self._store_job = self._store_job, None
         if job is not None:
-            gate, saving = job
+            gate, saving, loaded = job
             gate.release()  # the forward is over: every layer's KV is written
             saving.result()
+            for req_id in loaded:
+                engine.lookup_unpin(req_id)
             return
         self._save_requests(engine, self._parent._get_connector_metadata())
 
-    def _save_requests(self, engine: LMCacheEngine, metadata: Any, gate: LayerGate | None = None) -> None:
-        """Save what this step computed of every request (with ``gate``: layer by layer, on the store thread)."""
+    def _save_requests(self, engine: LMCacheEngine, metadata: Any, gate: LayerGate | None = None,
+                       keep_pins: frozenset[str] = frozenset()) -> None:
+        """Save what this step computed of every request (with ``gate``: layer by layer, on the store thread),
+        unpinning its lookup's chunks but for ``keep_pins``."""
         for request in metadata.requests:
             if request.load_while_waiting:
                 continue  # its load (maybe still running) releases its pins; it saves once scheduled
-            engine.lookup_unpin(request.req_id)
+            if request.req_id not in keep_pins:
+                engine.lookup_unpin(request.req_id)
             if self.kv_role == "kv_consumer":
                 continue
             if self._kv_unregistered:
