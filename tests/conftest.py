@@ -47,7 +47,7 @@ SPREAD_MODULES = {"tests/serving/test_upstream_names.py", "tests/test_import_ord
 # ``tests/session_cache.py``, computed once.
 SPLIT_MODULES = {
     "tests/integration/test_recurrent_e2e.py": {
-        "test_turn_": "turn-two", "test_vllms_own_": "turn-two",
+        "test_turn_": "turn-two", "test_vllms_own_": "turn-two", "test_layerwise_mode_": "turn-two",
         "test_a_long_prompt_": "long-branch-1",
         "test_at_budget_512_": "long-branch-2", "test_negative_control_a_state_from_": "long-branch-2",
         "test_negative_control_state_not_restored_": "a", "test_chunks_stored_whole_": "a", "test_a_cached_": "a",

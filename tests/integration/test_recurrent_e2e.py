@@ -240,7 +240,8 @@ def test_another_hybrid_hits_at_its_last_state_in_a_fresh_engine(name, tmp_path_
     assert skipped["runs"][1]["cached"] == step_end and not same_answer(skipped["runs"][1], own["runs"][1])
 
 
-def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itself(model, turn_one, reference):
+def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itself(model, turn_one, reference,
+                                                                                   reference_a):
     """LMCache's ``use_layerwise`` on the recurrent hybrid: turn one's chunks (stored paged) hit at the same state;
     a prompt stored in layerwise mode (attention layers copied as the forward marks them; the GDN layers, which
     vLLM gives no per-layer hook, once the forward ends) hits at its last state with vLLM's answer. Loads wait
@@ -250,8 +251,8 @@ def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itsel
                                                               "extra": {"lmcache.use_layerwise": True}})
     assert "layerwise: stores follow the forward" in result["log"]
     turn_two, prefix, a = result["runs"]
-    assert turn_two["cached"] == 1024 and same_answer(turn_two, reference["turn_two"])
+    assert turn_two["cached"] == 1024 and same_answer(turn_two, reference)
     prefix_ends = [end for end in state_ends(result) if end <= len(PREFIX)]
     assert prefix["cached"] == 0 and prefix_ends and prefix_ends[-1] in (256, 512)
-    assert a["cached"] == prefix_ends[-1] and same_answer(a, reference["a"])
+    assert a["cached"] == prefix_ends[-1] and same_answer(a, reference_a)
     assert result["layers_stored"] > 0 and result["layers_loaded"] == 0  # layer counts: per store call and part
