@@ -42,22 +42,77 @@ settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
 # spread test by test over the workers. Every other module runs whole on one worker, which builds its
 # module-scoped fixtures (engines, served runs) once.
 SPREAD_MODULES = {"tests/serving/test_upstream_names.py", "tests/test_import_orders.py"}
+# Modules too long for one worker, split into groups of tests that share their module-scoped fixtures (test name
+# prefix -> group); each group runs whole on one worker. Answers two groups need alike come from
+# ``tests/session_cache.py``, computed once.
+SPLIT_MODULES = {
+    "tests/integration/test_recurrent_e2e.py": {
+        "test_turn_": "turn-two", "test_vllms_own_": "turn-two", "test_layerwise_mode_": "turn-two",
+        "test_a_long_prompt_": "long-branch-1",
+        "test_at_budget_512_": "long-branch-2", "test_negative_control_a_state_from_": "long-branch-2",
+        "test_negative_control_state_not_restored_": "a", "test_chunks_stored_whole_": "a", "test_a_cached_": "a",
+        "test_another_hybrid_": "other-hybrid",
+    },
+}
+# Seconds each slow scope takes on the 2-core CI machine (``--durations`` of a full run, rounded): the longest
+# start first, so that the workers finish together instead of one running a long module alone at the end. Only
+# the order matters; a scope not named here counts as short.
+EXPECTED_SECONDS = {
+    "tests/tools/demo/test_demo_e2e.py": 300,
+    "tests/serving/test_readme_serving.py": 200,
+    "tests/reliability/test_engine_faults.py": 180,
+    "tests/integration/test_upstream_names_inprocess.py": 150,
+    "tests/integration/test_recurrent_e2e.py::other-hybrid": 140,
+    "tests/integration/test_request_scope.py": 135,
+    "tests/integration/test_recurrent_e2e.py::long-branch-2": 130,
+    "tests/integration/test_recurrent_e2e.py::turn-two": 120,
+    "tests/integration/test_recurrent_e2e.py::long-branch-1": 110,
+    "tests/cli/test_selftest.py": 100,
+    "tests/integration/test_model_identity.py": 90,
+    "tests/connector/test_engine_round_trip.py": 90,
+    "tests/serving/test_recurrent_serving.py": 85,
+    "tests/serving/test_upstream_names.py": 80,
+    "tests/reliability/test_soak.py": 80,
+    "tests/integration/test_vllm_run.py": 70,
+    "tests/integration/test_recurrent_e2e.py::a": 60,
+    "tests/reliability/test_stuck_remote.py": 60,
+    "tests/reliability/test_served_faults.py": 50,
+    "tests/integration/test_vllm023.py": 45,
+    "tests/serving/test_connector_metrics.py": 45,
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a worker runs whole: a module, a group of a split module, or one test of a spread one."""
+    module, _, name = nodeid.partition("::")
+    if module in SPREAD_MODULES:
+        return nodeid
+    for prefix, group in SPLIT_MODULES.get(module, {}).items():
+        if name.startswith(prefix):
+            return f"{module}::{group}"
+    return module
+
+
+def expected_seconds(scope: str) -> int:
+    """A scope's expected time; the tests of a spread module each count as the module's figure."""
+    module = scope.split("::", 1)[0]
+    return EXPECTED_SECONDS.get(scope, EXPECTED_SECONDS.get(module, 0) if module in SPREAD_MODULES else 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests (real engines and servers) first, so that the workers finish together instead of one running
-    the last server alone (``make test`` keeps this order: ``--no-loadscope-reorder``)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests (real engines and servers) first, the longest scopes first among them, so that the workers
+    finish together instead of one running the last server alone (``make test`` keeps this order:
+    ``--no-loadscope-reorder``). The sort is stable: a scope's tests keep their order."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -expected_seconds(scope_of(item.nodeid))))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist's scope scheduling with modules as scopes, but for ``SPREAD_MODULES``. (Its ``loadgroup``
-    marks do nothing under pytest 9: xdist 3.8 renames the items' ``_nodeid``, which pytest 9 no longer reads.)"""
+    """pytest-xdist's scope scheduling with ``scope_of`` as the scopes. (Its ``loadgroup`` marks do nothing under
+    pytest 9: xdist 3.8 renames the items' ``_nodeid``, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return nodeid if module in SPREAD_MODULES else module
+            return scope_of(nodeid)
 
     return ModuleScheduling(config, log)

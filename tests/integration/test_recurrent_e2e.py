@@ -20,6 +20,7 @@ import pytest
 from lmcache_platforms.tools.redis_server import RedisServer
 from tests.fork_server import run_module
 from tests.integration.recurrent_model import MODELS, ensure_tiny, ensure_tiny_qwen3_next
+from tests.session_cache import cached, folder_digest, session_folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,11 +71,32 @@ def turn_one(model, tmp_path_factory) -> dict:
     return result | {"store": store, "turn_two": TURN_ONE + result["runs"][0]["tokens"] + A[:100]}
 
 
+def plain_answer(model: Path, prompt: list[int], folder: Path) -> dict:
+    """vLLM's answer without a connector (prefix caching off) to one prompt, alone in its engine."""
+    return run_pass(model, folder, "plain", {"prompts": [prompt]})["runs"][0]
+
+
+def reference_answer(model: Path, prompt: list[int], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``plain_answer``, computed once per session: the test groups of this module run on either worker
+    (tests/conftest.py splits it) and several compare with the same answer."""
+    key = {"run": "tests.integration.recurrent_run plain", "model": folder_digest(model), "prompt": prompt}
+    return cached(session_folder(tmp_path_factory), key,
+                  lambda: plain_answer(model, prompt, tmp_path_factory.mktemp("unused")))
+
+
 @pytest.fixture(scope="module")
 def reference(model, turn_one, tmp_path_factory) -> dict:
-    result = run_pass(model, tmp_path_factory.mktemp("unused"), "plain",
-                      {"prompts": [turn_one["turn_two"], LONG_BRANCH, A]})
-    return dict(zip(("turn_two", "long_branch", "a"), result["runs"], strict=True))
+    return reference_answer(model, turn_one["turn_two"], tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference_long_branch(model, tmp_path_factory) -> dict:
+    return reference_answer(model, LONG_BRANCH, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference_a(model, tmp_path_factory) -> dict:
+    return reference_answer(model, A, tmp_path_factory)
 
 
 def test_turn_one_stores_the_state_where_vllm_kept_one(turn_one):
@@ -89,7 +111,7 @@ def test_turn_one_stores_the_state_where_vllm_kept_one(turn_one):
 def test_turn_two_in_a_fresh_engine_hits_up_to_the_last_state(model, turn_one, reference):
     warm = run_pass(model, turn_one["store"], "connector", {"prompts": [turn_one["turn_two"]]})
     assert warm["runs"][0]["cached"] == 1024 and warm["chunks_loaded"] == 4
-    assert same_answer(warm["runs"][0], reference["turn_two"])
+    assert same_answer(warm["runs"][0], reference)
 
 
 @pytest.mark.redis
@@ -101,7 +123,7 @@ def test_turn_two_through_redis(model, turn_one, reference, tmp_path):
         warm = run_pass(model, tmp_path, "connector", job | {"prompts": [turn_one["turn_two"]]})
     assert state_ends(cold) == [1024]
     assert warm["runs"][0]["cached"] == 1024
-    assert same_answer(warm["runs"][0], reference["turn_two"])
+    assert same_answer(warm["runs"][0], reference)
 
 
 # Per budget: where LONG's prefill steps end (each a kept state), and the longest of those within the 27 chunks
@@ -114,7 +136,7 @@ BUDGETS = {
 
 
 @pytest.mark.parametrize("budget", [2048, 0])
-def test_a_long_prompt_hits_at_the_last_state_for_every_budget(model, reference, tmp_path, budget):
+def test_a_long_prompt_hits_at_the_last_state_for_every_budget(model, reference_long_branch, tmp_path, budget):
     """At 2,048 the user's LMCache chunk size is 128, no multiple of the block: the block replaces it."""
     ends, hit = BUDGETS[budget]
     extra = {"lmcache.chunk_size": 128} if budget == 2048 else {}
@@ -126,10 +148,11 @@ def test_a_long_prompt_hits_at_the_last_state_for_every_budget(model, reference,
                 "where the states are kept; using chunk_size 256") in result["log"]
     assert state_ends(result)[: len(ends)] == ends
     assert [r["cached"] for r in result["runs"]] == [0, hit]
-    assert same_answer(result["runs"][1], reference["long_branch"])
+    assert same_answer(result["runs"][1], reference_long_branch)
 
 
-def test_at_budget_512_and_a_state_part_gone_the_hit_falls_back_to_the_previous_state(model, reference, tmp_path):
+def test_at_budget_512_and_a_state_part_gone_the_hit_falls_back_to_the_previous_state(model, reference_long_branch,
+                                                                                       tmp_path):
     """Budget 512 as above; then the state parts of the chunks ending at 6,656 (LONG's) and 7,168 (the branch's
     own, stored by its first run) are removed from every tier, their attention parts stay: the same request hits
     the state at 6,144 instead, with the same answer."""
@@ -140,25 +163,25 @@ def test_at_budget_512_and_a_state_part_gone_the_hit_falls_back_to_the_previous_
     assert state_ends(result)[: len(ends)] == ends
     assert result["runs"][1]["evicted"] == 4  # two objects, each in local CPU and fs://
     assert [r["cached"] for r in result["runs"]] == [0, hit, 6144]
-    assert same_answer(result["runs"][1], reference["long_branch"])
-    assert same_answer(result["runs"][2], reference["long_branch"])
+    assert same_answer(result["runs"][1], reference_long_branch)
+    assert same_answer(result["runs"][2], reference_long_branch)
 
 
-def test_negative_control_a_state_from_the_wrong_position_is_caught(model, reference, tmp_path):
+def test_negative_control_a_state_from_the_wrong_position_is_caught(model, reference_long_branch, tmp_path):
     """Planted: each state is also stored one chunk early, so LONG_BRANCH hits at 6,912 with 7,168's state."""
     result = run_pass(model, tmp_path, "connector",
                       {"prompts": [LONG, LONG_BRANCH], "budget": 512, "forget": True, "plant_early_states": True})
     assert result["runs"][1]["cached"] == 6912
-    assert not same_answer(result["runs"][1], reference["long_branch"])
+    assert not same_answer(result["runs"][1], reference_long_branch)
 
 
-def test_negative_control_state_not_restored_is_caught(model, reference, tmp_path):
+def test_negative_control_state_not_restored_is_caught(model, reference_a, tmp_path):
     """The recurrent groups skipped (``platforms.skip_groups``: hits still claimed, state not restored)."""
     result = run_pass(model, tmp_path, "connector", {"prompts": [A, A], "budget": 256, "forget": True,
                                                       "extra": {"platforms.skip_groups": "MambaSpec"}})
     assert "skipped group 0 (MambaSpec)" in result["plan"]
     assert [r["cached"] for r in result["runs"]] == [0, 512]
-    assert same_answer(result["runs"][0], reference["a"]) and not same_answer(result["runs"][1], reference["a"])
+    assert same_answer(result["runs"][0], reference_a) and not same_answer(result["runs"][1], reference_a)
 
 
 def test_vllms_own_align_mode_prefix_caching_hits_where_ours_does(model, turn_one, reference, tmp_path):
@@ -166,10 +189,10 @@ def test_vllms_own_align_mode_prefix_caching_hits_where_ours_does(model, turn_on
     prefill leaves that state whatever it generates next, so one token of it is enough here)."""
     own = run_pass(model, tmp_path, "align", {"prompts": [TURN_ONE, turn_one["turn_two"]], "max_tokens": [1, 6]})
     assert [r["cached"] for r in own["runs"]] == [0, 1024]
-    assert same_answer(own["runs"][1], reference["turn_two"])
+    assert same_answer(own["runs"][1], reference)
 
 
-def test_chunks_stored_whole_carry_a_state_each_and_hit_where_every_chunk_kept_one(model, reference, tmp_path):
+def test_chunks_stored_whole_carry_a_state_each_and_hit_where_every_chunk_kept_one(model, reference_a, tmp_path):
     """``platforms.chunk_parts: whole``: a chunk is stored only with its state; at a one-block budget every
     chunk keeps one, so the whole prefix hits, and the start-up log says what whole chunks cost."""
     result = run_pass(model, tmp_path, "connector", {"prompts": [A, A], "budget": 256, "forget": True,
@@ -177,7 +200,13 @@ def test_chunks_stored_whole_carry_a_state_each_and_hit_where_every_chunk_kept_o
     assert "recurrent state groups with chunks stored whole" in result["log"]
     assert state_ends(result) == [256, 512]
     assert [r["cached"] for r in result["runs"]] == [0, 512]
-    assert same_answer(result["runs"][0], reference["a"]) and same_answer(result["runs"][1], reference["a"])
+    assert same_answer(result["runs"][0], reference_a) and same_answer(result["runs"][1], reference_a)
+
+
+def test_a_cached_answer_is_the_one_computed_afresh(model, reference_a, tmp_path):
+    """The answers without a connector come from the session's cache, whichever worker computed them: a fresh
+    engine gives the same (the negative controls above show the comparison tells answers apart)."""
+    assert same_answer(plain_answer(model, A, tmp_path), reference_a)
 
 
 @pytest.mark.parametrize("name", sorted(set(MODELS) - {"qwen3-next"}))
@@ -211,7 +240,8 @@ def test_another_hybrid_hits_at_its_last_state_in_a_fresh_engine(name, tmp_path_
     assert skipped["runs"][1]["cached"] == step_end and not same_answer(skipped["runs"][1], own["runs"][1])
 
 
-def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itself(model, turn_one, reference):
+def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itself(model, turn_one, reference,
+                                                                                   reference_a):
     """LMCache's ``use_layerwise`` on the recurrent hybrid: turn one's chunks (stored paged) hit at the same state;
     a prompt stored in layerwise mode (attention layers copied as the forward marks them; the GDN layers, which
     vLLM gives no per-layer hook, once the forward ends) hits at its last state with vLLM's answer. Loads wait
@@ -221,8 +251,8 @@ def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itsel
                                                               "extra": {"lmcache.use_layerwise": True}})
     assert "layerwise: stores follow the forward" in result["log"]
     turn_two, prefix, a = result["runs"]
-    assert turn_two["cached"] == 1024 and same_answer(turn_two, reference["turn_two"])
+    assert turn_two["cached"] == 1024 and same_answer(turn_two, reference)
     prefix_ends = [end for end in state_ends(result) if end <= len(PREFIX)]
     assert prefix["cached"] == 0 and prefix_ends and prefix_ends[-1] in (256, 512)
-    assert a["cached"] == prefix_ends[-1] and same_answer(a, reference["a"])
+    assert a["cached"] == prefix_ends[-1] and same_answer(a, reference_a)
     assert result["layers_stored"] > 0 and result["layers_loaded"] == 0  # layer counts: per store call and part

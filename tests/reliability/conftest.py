@@ -14,6 +14,7 @@ import pytest
 
 from tests.ci import missing
 from tests.fork_server import run_module
+from tests.session_cache import cached, folder_digest, session_folder
 
 REPO = Path(__file__).resolve().parents[2]
 # Every prompt a scenario of tests/reliability uses (fault_run.prompt builds it from its name).
@@ -54,10 +55,12 @@ def run_engine(spec: dict[str, Any], workdir: Path, env: dict[str, str] | None =
 
 @pytest.fixture(scope="session")
 def reference(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int]]:
-    """Every prompt's greedy answer from vLLM without a connector."""
-    result = run_engine({"model": str(model), "connector": None, "policy": "recompute", "prompts": list(PROMPTS)},
-                        tmp_path_factory.mktemp("reference"))
-    return result["reference"]
+    """Every prompt's greedy answer from vLLM without a connector, once per session (the modules using it may run
+    on either worker)."""
+    spec = {"connector": None, "policy": "recompute", "prompts": list(PROMPTS)}
+    key = {"run": "tests.reliability.fault_run", "model": folder_digest(model), **spec}
+    return cached(session_folder(tmp_path_factory), key,
+                  lambda: run_engine({"model": str(model), **spec}, tmp_path_factory.mktemp("reference"))["reference"])
 
 
 @pytest.fixture(scope="session")
