@@ -53,12 +53,20 @@ SPLIT_MODULES = {
         "test_negative_control_state_not_restored_": "a", "test_chunks_stored_whole_": "a", "test_a_cached_": "a",
         "test_another_hybrid_": "other-hybrid",
     },
+    "tests/tools/demo/test_demo_e2e.py": {
+        "test_served_warm_pass_": "served", "test_the_served_verdict_": "zeroed",
+        "test_served_layerwise_": "layerwise", "test_in_process_": "in-process", "test_vllm_refuses_": "in-process",
+    },
 }
 # Seconds each slow scope takes on the 2-core CI machine (``--durations`` of a full run, rounded): the longest
 # start first, so that the workers finish together instead of one running a long module alone at the end. Only
 # the order matters; a scope not named here counts as short.
 EXPECTED_SECONDS = {
-    "tests/tools/demo/test_demo_e2e.py": 300,
+    "tests/tools/demo/test_demo_e2e.py::served": 150,
+    "tests/tools/demo/test_demo_e2e.py::zeroed": 130,
+    "tests/tools/demo/test_demo_e2e.py::layerwise": 130,
+    "tests/integration/test_layerwise.py": 100,
+    "tests/tools/demo/test_demo_e2e.py::in-process": 90,
     "tests/serving/test_readme_serving.py": 200,
     "tests/reliability/test_engine_faults.py": 180,
     "tests/integration/test_upstream_names_inprocess.py": 150,

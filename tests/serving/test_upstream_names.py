@@ -17,7 +17,7 @@ import pytest
 
 from lmcache_platforms.tools.demo.client import Sampling
 from lmcache_platforms.tools.demo.model import TINY_DENSE_MODEL, TINY_MODEL, ModelSpec, ensure_model
-from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.runners import PassFailed, Resources
 from lmcache_platforms.tools.demo.server_pass import ServerPassRunner, serve_args
 from lmcache_platforms.tools.demo.workload import FIRST_ORDINARY_TOKEN, Request
 from lmcache_platforms.tools.redis_server import RedisServer
@@ -88,7 +88,12 @@ def test_what_vllm_serves_without_the_connector_it_serves_with_it(tmp_path: Path
     config = tmp_path / "lmcache.yaml"
     config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
     env = {"LMCACHE_CONFIG_FILE": str(config), **extra_env}
-    bare = runner.run("bare", None, requests, None, extra_env)
+    try:
+        bare = runner.run("bare", None, requests, None, extra_env)
+    except PassFailed:
+        if "FP8 KV cache on CPU requires" in (tmp_path / "bare.log").read_text(errors="replace"):
+            pytest.skip("vLLM's CPU backend keeps fp8 caches only on x86 with AVX-512 or AMX (as in-process)")
+        raise
     served = runner.run("ours", {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
                         requests + requests, None, env)
     for result in (bare, served):

@@ -39,6 +39,7 @@ from lmcache_platforms.tools.demo.server_pass import ServerPassRunner, serve_arg
 from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload, warmup_request
 from tests.faults.install import faulty_env, install_faulty_backend
 from tests.serving.processes import processes_mentioning
+from tests.session_cache import cached, folder_digest, session_folder
 
 pytestmark = pytest.mark.slow
 
@@ -64,13 +65,21 @@ def tiny_run(models: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 
 @pytest.fixture(scope="module")
 def no_connector(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The answers of a server without a connector: what users would get anyway."""
-    workdir = tmp_path_factory.mktemp("none")
-    runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name,
-                              serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len),
-                              Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
+    """The answers of a server without a connector: what users would get anyway. Computed once per session
+    (``tests/session_cache.py``): the module's tests are split over the workers (``tests/conftest.py``)."""
+    args = serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len)
     longest = max(len(r.tokens) for r in REQUESTS)
-    return runner.run("none", None, REQUESTS, warmup_request(longest, TINY_MODEL.vocab_size, "none"))
+
+    def serve() -> dict[str, Any]:
+        workdir = tmp_path_factory.mktemp("none")
+        runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name, args,
+                                  Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
+        return runner.run("none", None, REQUESTS, warmup_request(longest, TINY_MODEL.vocab_size, "none"))
+
+    key = {"baseline": "vllm serve, no connector", "model": folder_digest(models / TINY_MODEL.name),
+           "args": args, "prompts": [r.tokens for r in REQUESTS], "max_tokens": TINY_WORKLOAD.max_tokens,
+           "top_logits": TOP_LOGITS}
+    return cached(session_folder(tmp_path_factory), key, serve)
 
 
 def _assert_same_answers(reference: dict[str, Any], result: dict[str, Any]) -> None:
