@@ -38,14 +38,18 @@ AMD_ACCESS = re.compile(r"^\s*global_(load|store)_(\w+)\s", re.MULTILINE)
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Triton with a fresh, empty kernel cache for this module."""
+    """Triton with a fresh, empty kernel cache for this module, and the transfer kernel built for the compiler: an
+    earlier test of the same worker may have left it built for the interpreter (``TRITON_INTERPRET``)."""
     try:
         import triton as module
     except ImportError as exc:
         missing(f"triton is not installed ({exc})")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
+        patch.delenv("TRITON_INTERPRET", raising=False)
+        triton_backend._kernel.cache_clear()
         yield module
+        triton_backend._kernel.cache_clear()
 
 
 def backend_or_missing(triton: Any, name: str) -> None:
