@@ -83,6 +83,10 @@ class LayoutBinding:
             for fmt in self.formats for launch in fmt.launches
         }
         self._layer_launches: dict[str, tuple[tuple[str, tuple[Launch, ...]], ...]] = {}
+        moved = {p.layer for tg in layout.transfer_groups for p in tg.planes}
+        self.moved_layers = tuple(name for name in layout.model_layers if name in moved)
+        """The model's layers with planes this binding moves, in order (a layer with only unsaved state planes
+        is not one): what a ``LayerGate`` for its transfers covers."""
         self.counters = TransferCounters()
         # Why the planes' memory may not be touched now (vLLM's sleep mode unmaps it); None: it may.
         self.released: str | None = None
@@ -125,13 +129,6 @@ class LayoutBinding:
             table[group] = slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True)
         return [{group: slots[i] for group, slots in table.items()} for i in range(len(bounds))]
 
-    @property
-    def moved_layers(self) -> tuple[str, ...]:
-        """The model's layers with planes this binding moves, in order (a layer with only unsaved state planes
-        is not one): what a ``LayerGate`` for its transfers covers."""
-        moved = {p.layer for tg in self.layout.transfer_groups for p in tg.planes}
-        return tuple(name for name in self.layout.model_layers if name in moved)
-
     def layer_launches(self, fmt: ChunkFormat) -> tuple[tuple[str, tuple[Launch, ...]], ...]:
         """``fmt``'s launches cut by layer, in the layout's layer order (``chunk_format.layer_launches``)."""
         cut = self._layer_launches.get(fmt.fingerprint)
@@ -164,10 +161,8 @@ class LayoutBinding:
             return
         if launches is None:
             host[: fmt.payload_bytes].copy_(target, non_blocking=True)
-            return
-        for launch in launches:
-            piece = slice(launch.offset, launch.offset + launch.nbytes)
-            host[piece].copy_(target[piece], non_blocking=True)
+        else:
+            _copy_pieces(host, target, launches)
 
     @staticmethod
     def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> None:
@@ -190,11 +185,16 @@ class LayoutBinding:
             if launches is None:
                 source.copy_(host[: fmt.payload_bytes], non_blocking=True)
             else:
-                for launch in launches:
-                    piece = slice(launch.offset, launch.offset + launch.nbytes)
-                    source[piece].copy_(host[piece], non_blocking=True)
+                _copy_pieces(source, host, launches)
         for launch in fmt.launches if launches is None else launches:
             self._launch(launch, slots, source, Direction.LOAD)
+
+
+def _copy_pieces(target: torch.Tensor, source: torch.Tensor, launches: Sequence[Launch]) -> None:
+    """Each launch's bytes of ``source`` into the same bytes of ``target`` (host <-> scratch, one layer's pieces)."""
+    for launch in launches:
+        piece = slice(launch.offset, launch.offset + launch.nbytes)
+        target[piece].copy_(source[piece], non_blocking=True)
 
 
 class BoundLayoutMixin:

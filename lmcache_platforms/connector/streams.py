@@ -74,10 +74,7 @@ class TransferStreams:
 
     def mark_loaded(self) -> None:
         """Make the compute stream wait for what the load stream queued (one layer, or everything)."""
-        if self.load_stream is not None:
-            event = self.platform.new_event()
-            event.record(self.load_stream)
-            self.platform.current_stream().wait_event(event)
+        self.compute_after(self.load_event())
 
     def finish_load(self) -> None:
         """Block until loads are done: LMCache frees or reuses the source MemoryObjs right after."""

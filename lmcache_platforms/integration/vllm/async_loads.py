@@ -76,6 +76,11 @@ class _Load:
     outcome: bool | None = None
 
 
+def _remaining(deadline: float) -> float | None:
+    """Seconds left until ``deadline`` (None: no deadline), as ``Future.result`` takes them."""
+    return None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+
+
 @dataclass
 class StartedLoad(Generic[T]):
     """A load the step itself needs the outcome of, running on the loader thread until its deadline."""
@@ -96,9 +101,8 @@ class StartedLoad(Generic[T]):
 
     def result(self, on_failure: T) -> T:
         """The load's result once it ended; ``on_failure`` when it raised or outlived the deadline."""
-        left = None if self.deadline == float("inf") else max(0.0, self.deadline - time.monotonic())
         try:
-            return self.future.result(timeout=left)
+            return self.future.result(timeout=_remaining(self.deadline))
         except FutureTimeout:
             self.give_up()
         except Exception:
@@ -127,9 +131,6 @@ class AsyncLoads:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s if self.timeout_s > 0 else float("inf")
 
-    def _remaining(self, deadline: float) -> float | None:
-        return None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
-
     def submit(self, req_id: str, load: Callable[[str, LoadGuard], bool], wait: bool = False) -> None:
         """Start ``load`` on the loader thread; with ``wait``, return once it ended or its deadline passed."""
         guard = LoadGuard(req_id)
@@ -141,7 +142,7 @@ class AsyncLoads:
         entry.future = self._executor.submit(self._run, req_id, guard, load)
         if wait:
             with contextlib.suppress(FutureTimeout):  # past the deadline: the next poll cancels and reports it
-                entry.future.result(timeout=self._remaining(entry.deadline))
+                entry.future.result(timeout=_remaining(entry.deadline))
 
     def start(self, req_id: str, load: Callable[[LoadGuard], T]) -> StartedLoad[T]:
         """Start ``load`` on the loader thread; its outcome is read with ``StartedLoad.result``."""
