@@ -24,8 +24,11 @@ from lmcache_platforms.integration.vllm.readiness import ensure_ready
 from lmcache_platforms.integration.vllm.stats import PlatformsConnectorStats, PlatformsPromMetrics
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
     from vllm.forward_context import ForwardContext
@@ -143,6 +146,15 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type, type], labelnames: list[str],
                            per_engine_labelvalues: dict[int, list[object]]) -> PlatformsPromMetrics:
         return PlatformsPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    # Both sides: KV events for routers (vLLM's --kv-events-config publisher)
+    def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
+        """Worker side: what this worker's stores made hits since the last step (``kv_events``)."""
+        return self._impl.take_stored_prefixes()
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """Scheduler side: ``BlockStored`` for what every worker stored, ``AllBlocksCleared`` after a reset."""
+        return self._impl.kv_events.take()
 
     # Scheduler side
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -22,6 +22,7 @@ from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, recurrent_block_sizes, single_group_plan
+from lmcache_platforms.integration.vllm.kv_events import EventQueue, tiers_of
 from lmcache_platforms.integration.vllm.model_identity import ModelIdentity, model_identity
 from lmcache_platforms.integration.vllm.recurrent import chunk_size_for
 from lmcache_platforms.integration.vllm.stats import StatsRecorder
@@ -64,6 +65,8 @@ class ImplState(LMCacheConnectorV1Impl):
     waits_for_loads: bool
     loads: AsyncLoads
     stats: StatsRecorder
+    kv_events: EventQueue
+    """The scheduler side's KV events for vLLM's publisher (``kv_events``); the workers report what they stored."""
     layout: KVLayout | None
     """The layout bound to our GPU connector (None before registering, in degraded mode, or nothing saved)."""
     _num_blocks: int | None
@@ -125,6 +128,9 @@ class ImplState(LMCacheConnectorV1Impl):
         self.loads = AsyncLoads(timeout_s=self.settings.load_timeout_s)
         # What vLLM's stats line and /metrics show (taken by the connector every step).
         self.stats = StatsRecorder()
+        # Only our connector takes them (upstream wrappers publish LMCache's own events, keyed by its chunk hashes).
+        self.kv_events = EventQueue(self.contract.loads_wait and vllm_compat.kv_events_enabled(vllm_config),
+                                    vllm_compat.hash_block_size(self._parent, self._block_size), tiers_of(config))
 
     @property
     def hits_allowed(self) -> bool:

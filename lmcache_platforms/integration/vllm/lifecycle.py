@@ -237,6 +237,7 @@ class Lifecycle(ImplState):
         generation of scopes instead. A request keeps the generation of its latest lookup: one running now stores
         its KV, computed before, in the old one; one preempted is looked up again."""
         self._generation = secrets.token_hex(8)
+        self.kv_events.cleared()
         logger.info("vLLM reset its prefix cache: LMCache's chunks stored before are no longer looked up "
                     "(scope generation %s)", self._generation)
         return True

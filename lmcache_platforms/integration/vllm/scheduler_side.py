@@ -127,7 +127,9 @@ class SchedulerSide(ImplState):
         self._loaded_while_waiting[req_id] = hit
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Scheduler side: remember failed wait-state loads, so the request is recomputed and saved anew."""
+        """Scheduler side: remember failed wait-state loads, so the request is recomputed and saved anew; turn
+        what the workers stored into KV events (the request may have finished this step: it is still known)."""
+        self.kv_events.stored(getattr(connector_output, "kv_cache_events", None), self._unfinished_requests)
         for req_id in failed_loads(connector_output):
             self._failed_loads.add(req_id)
             self._loaded_while_waiting[req_id] = 0
@@ -159,6 +161,7 @@ class SchedulerSide(ImplState):
             self._configs.pop(req_id, None)
             self._request_trackers.pop(req_id, None)
             self._unfinished_requests.pop(req_id, None)
+            self.kv_events.finished(req_id)
         num_groups = len(self.plan.groups)
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id.startswith("mock_req"):

@@ -17,6 +17,19 @@ def kv_cache_config(parent: Any) -> Any | None:
     return getattr(parent, "_kv_cache_config", None)
 
 
+def hash_block_size(parent: Any, block_size: int) -> int:
+    """Tokens per entry of ``Request.block_hashes``: the KV-cache config's ``hash_block_size`` (0.32+; the GCD of
+    the groups' block sizes for hybrid models), vLLM's block size before it."""
+    config = kv_cache_config(parent)
+    return int(getattr(config, "hash_block_size", None) or block_size)
+
+
+def kv_events_enabled(vllm_config: Any) -> bool:
+    """Whether vLLM publishes KV-cache events (``--kv-events-config`` with ``enable_kv_cache_events``)."""
+    events = getattr(vllm_config, "kv_events_config", None)
+    return bool(events is not None and getattr(events, "enable_kv_cache_events", False))
+
+
 def reports_failed_loads() -> bool:
     """Whether this vLLM takes per-request load failures (``KVConnectorTransferResults.failed_recving``)."""
     from vllm.distributed.kv_transfer.kv_connector.v1 import base

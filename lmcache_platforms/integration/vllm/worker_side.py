@@ -30,6 +30,7 @@ from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults, StartedLoad
 from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.key_tags import with_tags
+from lmcache_platforms.integration.vllm.kv_events import StoredPrefix, StoredPrefixes
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
 from lmcache_platforms.log import init_logger
 
@@ -60,6 +61,8 @@ class WorkerSide(ImplState):
     """This step's saves on the store thread: their gate, their outcome, and the requests whose lookup pins they
     leave (a same-step load of theirs may still be reading the pinned chunks): unpinned once the loads ended."""
     _store_thread: ThreadPoolExecutor | None
+    _stored_prefixes: list[StoredPrefix] | None
+    """What this worker's stores made hits since vLLM last took its KV events (None: vLLM publishes none)."""
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
                               config: LMCacheEngineConfig) -> None:
@@ -67,6 +70,7 @@ class WorkerSide(ImplState):
         self._layerwise_loads = []
         self._store_job = None
         self._store_thread = None
+        self._stored_prefixes = [] if self.kv_events.enabled else None
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
@@ -297,11 +301,34 @@ class WorkerSide(ImplState):
             self.stats.timing("store_seconds", time.perf_counter() - started)
             self.stats.count("bytes_stored", binding.counters.bytes_stored - bytes_before)
             self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
+            self._report_stored(request, start, end, binding.counters.chunks_stored - chunks_before)
             if binding.counters.bytes_stored > bytes_before:
                 states = f", recurrent state at {list(request.state_ends)}" if self.plan.snapshot_groups else ""
                 logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s%s", request.req_id,
                             start, end, binding.counters.bytes_stored - bytes_before, states,
                             ", layer by layer" if gate is not None else "")
+
+    def _report_stored(self, request: RequestMeta, start: int, end: int, chunks: int) -> None:
+        """For the KV events: the prefix a store of ``chunks`` chunks from ``start`` made a hit. LMCache writes a
+        store's chunks in order and stops early only when its memory runs out; with recurrent states a hit ends
+        where a state was kept."""
+        if self._stored_prefixes is None or not chunks:
+            return
+        if self.plan.snapshot_groups:
+            ends = [state_end for state_end in request.state_ends if start < state_end <= end]
+            if not ends:
+                return
+            reached = max(ends)
+        else:
+            reached = min(end, start + chunks * self._lmcache_chunk_size)
+        self._stored_prefixes.append(StoredPrefix(request.req_id, start, reached))
+
+    def take_stored_prefixes(self) -> StoredPrefixes | None:
+        """This worker's reports since the last call, for vLLM to gather (``get_kv_connector_kv_cache_events``)."""
+        if not self._stored_prefixes:
+            return None
+        reports, self._stored_prefixes = self._stored_prefixes, []
+        return StoredPrefixes(reports)
 
     def _store(self, engine: LMCacheEngine, request: RequestMeta, mask: torch.Tensor, start: int, end: int,
                kwargs: dict[str, Any]) -> None:

@@ -1,0 +1,145 @@
+"""KV events for routers from a real ``vllm serve`` (``--kv-events-config``, vLLM's ZMQ publisher) of a Gemma-3-like
+hybrid with our connector: every chunk a request stored in LMCache is published once as ``BlockStored`` (medium
+``CPU``, locality ``LOCAL``) with vLLM's own block hashes for those tokens -- the oracle is vLLM's prefix cache on
+the same server, which publishes its blocks (medium ``GPU``) with the hashes it computed -- and a reset with
+``reset_external`` publishes our ``AllBlocksCleared`` beside vLLM's."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from vllm.distributed.kv_events import AllBlocksCleared, BlockStored, KVEventBatch
+
+from lmcache_platforms.tools.demo.client import Sampling, run_requests
+from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.server import VllmServer
+from lmcache_platforms.tools.demo.server_pass import serve_args
+from lmcache_platforms.tools.demo.tokenizer import text_of
+from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 32
+
+
+def receive(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000) -> list[Any]:
+    """Events from the publisher until ``until(events)`` holds (or the time-out, which fails the test)."""
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    events: list[Any] = []
+    while not until(events):
+        if not subscriber.poll(timeout_ms):
+            raise AssertionError(f"no KV event for {timeout_ms} ms; so far: {events}")
+        _topic, _seq, payload = subscriber.recv_multipart()
+        events.extend(decoder.decode(payload).events)
+    return events
+
+
+def chains(events: list[Any], medium: str) -> list[tuple[list[Any], list[int]]]:
+    """The ``BlockStored`` events of one medium with a hash for every block of their tokens as chains of (hashes,
+    tokens), each chain one prompt's: an event whose parent is the last hash of a chain continues it. (vLLM's own
+    events for a sliding-window group hash only the blocks in the window; its full-attention group's hash every
+    block, once per group: repeats are dropped.)"""
+    found: list[tuple[list[Any], list[int]]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for event in events:
+        if (not isinstance(event, BlockStored) or event.medium != medium
+                or len(event.block_hashes) * event.block_size != len(event.token_ids)):
+            continue
+        key = (*event.block_hashes, event.parent_block_hash)
+        if key in seen:
+            continue
+        seen.add(key)
+        chain = next((c for c in found if event.parent_block_hash is not None and c[0][-1] == event.parent_block_hash),
+                     None)
+        if chain is None:
+            found.append((list(event.block_hashes), list(event.token_ids)))
+        else:
+            chain[0].extend(event.block_hashes)
+            chain[1].extend(event.token_ids)
+    return found
+
+
+def expected_chains(vllm_chains: list[tuple[list[Any], list[int]]], prompts: list[list[int]],
+                    block_size: int) -> list[tuple[list[Any], list[int]]]:
+    """What our events must publish: for each prompt, vLLM's hashes of the blocks inside its whole chunks."""
+    out = []
+    for tokens in prompts:
+        hashes, seen = next(c for c in vllm_chains if c[1] == tokens[: len(c[1])] and c[1])
+        whole = len(tokens) // CHUNK * CHUNK
+        assert len(seen) >= whole, (len(seen), whole)
+        out.append((hashes[: whole // block_size], tokens[:whole]))
+    return out
+
+
+def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path: Path) -> None:
+    requests = _requests(TINY_MODEL.vocab_size)
+    prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
+    config = tmp_path / "lmcache.yaml"
+    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
+    endpoint = f"ipc://{tmp_path}/kv-events"  # the server binds it; nothing listens beyond this machine
+    context = zmq.Context()
+    subscriber = context.socket(zmq.SUB)
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
+    subscriber.connect(endpoint)
+    events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"}
+    server = VllmServer.for_model(ensure_model(TINY_MODEL),
+                                  {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
+                                  [*serve_args(BLOCK, 1024), "--kv-events-config", json.dumps(events_config)],
+                                  tmp_path / "server.log", Resources.available(), {"LMCACHE_CONFIG_FILE": str(config),
+                                   "VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache is a dev route
+    try:
+        with server:
+            cold = run_requests(server.base_url, prompts, Sampling(max_tokens=2))
+            ours_done = len(requests)
+
+            def stored_all(events: list[Any]) -> bool:
+                return len(chains(events, "CPU")) >= ours_done and sum(
+                    len(c[1]) for c in chains(events, "CPU")) >= sum(n // CHUNK * CHUNK for n in LENGTHS)
+
+            stored = receive(subscriber, stored_all)
+            again = run_requests(server.base_url, prompts, Sampling(max_tokens=2))
+            request = urllib.request.Request(f"{server.base_url}/reset_prefix_cache?reset_external=true",
+                                             method="POST")
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                assert reply.status == 200
+            # Events go out with a step's output: the next request's steps carry the reset's.
+            fresh = run_requests(server.base_url, prompts[:1], Sampling(max_tokens=2))
+            after = receive(subscriber, lambda events: sum(isinstance(e, AllBlocksCleared) for e in events) >= 2
+                            and bool(chains(events, "CPU")))
+    finally:
+        subscriber.close(linger=0)
+        context.term()
+    assert [r["lmcache_hit_tokens"] for r in cold] == [0, 0]
+    assert [r["vllm_hit_tokens"] for r in again] == [n // BLOCK * BLOCK for n in LENGTHS]
+    tokens = [r.tokens for r in requests]
+    vllm = chains(stored, "GPU")
+    ours = chains(stored, "CPU")
+    assert ours == expected_chains(vllm, tokens, BLOCK)
+    ours_events = [e for e in stored if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert {(e.block_size, e.locality, e.group_idx) for e in ours_events} == {(BLOCK, "LOCAL", None)}
+    # The repeat hit vLLM's own cache and stored nothing new (else it would be in ``after``, ahead of the reset);
+    # the reset cleared vLLM's blocks and LMCache's (one of the two is vLLM's: without ours, a time-out); the
+    # first prompt after it hit nothing and was stored and published anew, after the clearing.
+    assert [(r["vllm_hit_tokens"], r["lmcache_hit_tokens"]) for r in fresh] == [(0, 0)]
+    kinds = [type(e).__name__ for e in after if not isinstance(e, BlockStored) or e.medium == "CPU"]
+    assert kinds == ["AllBlocksCleared", "AllBlocksCleared", "BlockStored"], kinds
+    assert chains(after, "CPU") == ours[:1]
+
+
+def test_the_event_oracle_catches_a_wrong_hash_and_a_shifted_prompt() -> None:
+    """Negative control of the comparison above, on vLLM-shaped chains."""
+    tokens = list(range(300))
+    vllm_chain = ([f"h{i}" for i in range(9)], tokens[:288])
+    good = [([f"h{i}" for i in range(8)], tokens[:256])]
+    assert expected_chains([vllm_chain], [tokens], BLOCK) == good
+    wrong_hash = [([*good[0][0][:-1], "x"], good[0][1])]
+    shifted = [([*good[0][0][1:], "h8"], tokens[32:288])]
+    for planted in (wrong_hash, shifted):
+        assert planted != expected_chains([vllm_chain], [tokens], BLOCK)
