@@ -55,6 +55,8 @@ class TransferCounters:
     bytes_stored: int = 0
     bytes_loaded: int = 0
     launches: int = 0
+    # Chunk objects a load refused because their checksum did not match (nothing of their batch was written).
+    objects_corrupt: int = 0
     # Layerwise mode: one count per layer a store or load call moved on its own (``LayerGate``).
     layers_stored: int = 0
     layers_loaded: int = 0

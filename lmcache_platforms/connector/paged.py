@@ -135,6 +135,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
             corrupt = binding.corrupt(fmt, hosts)
             if corrupt:
+                binding.counters.objects_corrupt += len(corrupt)
                 report_corrupt([(starts[i], ends[i]) for i in corrupt])
                 return
             slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)

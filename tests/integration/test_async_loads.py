@@ -93,10 +93,10 @@ def test_a_waiting_step_is_released_at_the_deadline_and_call_gives_the_failure_v
         guard.run(lambda: writes.append(1))
         return None
 
-    assert loads.call("classic", stuck_write, on_failure=64) == 64
-    assert loads.call("fine", lambda guard: None, on_failure=64) == 64  # queued behind the stuck ones
+    assert loads.start("classic", stuck_write).result(on_failure=64) == 64
+    assert loads.start("fine", lambda guard: None).result(on_failure=64) == 64  # queued behind the stuck ones
     answer.set()
-    assert loads.call("fine", lambda guard: None, on_failure=64) is None
+    assert loads.start("fine", lambda guard: None).result(on_failure=64) is None
     assert writes == []
     loads.shutdown()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lmcache_platforms.integration.vllm.stats import MAX_TIMINGS, PlatformsConnectorStats, StatsRecorder
 
 
@@ -44,3 +46,27 @@ def test_an_empty_stats_object_is_empty_and_reset_empties() -> None:
     assert not stats.is_empty()
     stats.reset()
     assert stats.is_empty()
+
+
+def test_failed_loads_are_counted_by_cause_and_summed_across_workers() -> None:
+    recorder = StatsRecorder()
+    recorder.failed_load("corrupt")
+    recorder.failed_load("timeout")
+    recorder.failed_load("timeout")
+    one = recorder.take()
+    assert one is not None
+    assert (one.data["loads_failed"], one.data["failed_corrupt"], one.data["failed_timeout"]) == (3, 1, 2)
+    other = StatsRecorder()
+    other.failed_load("corrupt")
+    total = one.aggregate(other.take())  # type: ignore[arg-type]
+    assert {name: value for name, value in total.reduce().items() if "failed" in name} == {
+        "loads_failed": 4, "failed_corrupt": 2, "failed_timeout": 2}
+    assert recorder.take() is None
+    assert (recorder.totals["loads_failed"], recorder.totals["failed_timeout"]) == (3, 2)  # never taken
+
+
+def test_an_unknown_cause_is_refused_and_counts_nothing() -> None:
+    recorder = StatsRecorder()
+    with pytest.raises(ValueError, match="unknown failed-load cause 'evicted'; known: missing, corrupt, timeout"):
+        recorder.failed_load("evicted")
+    assert recorder.take() is None

@@ -234,6 +234,7 @@ class Run:
         self.drain()
         undo = self.plant(item["fault"], name, item.get("chunk", 0))
         hits, counters = self.lmcache_hits(), self.counters()
+        failures = dict(self.impl.stats.totals)
         with Captured() as captured:
             try:
                 warm = self.generate([name, *others, *item.get("warm_others", [])])
@@ -246,6 +247,10 @@ class Run:
                 "chunks_loaded": after["chunks_loaded"] - counters["chunks_loaded"],
                 "layers_loaded": after["layers_loaded"] - counters["layers_loaded"],
                 "chunks_stored": after["chunks_stored"] - counters["chunks_stored"], "again": [],
+                # The connector statistics' failed loads of the warm pass, by cause (only causes counted).
+                "failed_causes": {name.removeprefix("failed_"): count - failures[name]
+                                  for name, count in self.impl.stats.totals.items()
+                                  if name.startswith("failed_") and count > failures[name]},
             }
             for _ in range(item.get("again", 0)):
                 # The same prompt again: stored anew by the recomputation (or once the store is back).

@@ -106,6 +106,7 @@ def test_a_kernel_error_on_one_chunk_is_one_failed_load_and_the_request_is_recom
     # vLLM counts the hit it was promised, computes the prompt anyway, and nothing counts as loaded.
     assert (kernel["lmcache_hit_tokens"], kernel["chunks_loaded"], kernel["warm"][0]["num_cached_tokens"]) == (
         128, 0, 0)
+    assert kernel["failed_causes"] == {"error": 1}
     assert_stored_anew(kernel, 128)
 
 
@@ -116,7 +117,7 @@ def test_a_looked_up_chunk_is_pinned_until_loaded_while_a_rival_needs_its_room(c
     assert_served_as_without_connector(pinned, reference)
     assert answers(pinned, "warm")["rival"] == reference["rival"]
     assert (pinned["lmcache_hit_tokens"], pinned["chunks_loaded"]) == (128, 2)
-    assert failed_loads(pinned["log"]) == []
+    assert (failed_loads(pinned["log"]), pinned["failed_causes"]) == ([], {})
 
 
 def test_negative_control_silently_wrong_kv_changes_the_answer(cpu_run, reference):
@@ -168,7 +169,7 @@ def test_a_truncated_redis_value_fails_that_load_from_its_chunk(redis_run, refer
     trunc = redis_run["trunc"]
     assert_served_as_without_connector(trunc, reference)
     assert short_load(trunc["log"]) == (128, 256, 128)
-    assert trunc["chunks_loaded"] == 2
+    assert (trunc["chunks_loaded"], trunc["failed_causes"]) == (2, {"missing": 1})
     # The catalog's redis_reads fix refuses the value before allocating (upstream raised after, keeping the buffer).
     assert any("holds 65568 bytes, its metadata says 131136: not loaded" in line for line in trunc["log"]), trunc["log"]
     assert_stored_anew(trunc, 256)
@@ -201,7 +202,7 @@ def test_same_size_garbage_in_a_redis_value_is_not_loaded(redis_run, reference):
     garbage = redis_run["garbage"]
     assert_served_as_without_connector(garbage, reference)
     assert short_load(garbage["log"]) == (0, 256, 0)
-    assert garbage["chunks_loaded"] == 0
+    assert (garbage["chunks_loaded"], garbage["failed_causes"]) == (0, {"corrupt": 1})
     assert any("fails its checksum" in line for line in garbage["log"]), garbage["log"]
     assert_stored_anew(garbage, 256)
 
@@ -242,19 +243,19 @@ def test_layerwise_loads_in_the_computing_step_and_every_fault_costs_a_recompute
     (line,) = failed_loads(kernel["log"])
     match = WRITE_FAILED.search(line)
     assert match is not None and match[1] == "128" and "TEST FAULT raise" in match[2], line
-    assert kernel["chunks_loaded"] == 0
+    assert (kernel["chunks_loaded"], kernel["failed_causes"]) == (0, {"error": 1})
     assert_stored_anew(kernel, 128)
 
     trunc = layerwise_run["trunc"]
     assert_served_as_without_connector(trunc, reference)
     assert short_load(trunc["log"]) == (128, 256, 128)
-    assert trunc["chunks_loaded"] == 2
+    assert (trunc["chunks_loaded"], trunc["failed_causes"]) == (2, {"missing": 1})
     assert_stored_anew(trunc, 256)
 
     garbage = layerwise_run["garbage"]
     assert_served_as_without_connector(garbage, reference)
     assert short_load(garbage["log"]) == (0, 256, 0)
-    assert garbage["chunks_loaded"] == 0
+    assert (garbage["chunks_loaded"], garbage["failed_causes"]) == (0, {"corrupt": 1})
     assert_stored_anew(garbage, 256)
 
     stop = layerwise_run["stop"]

@@ -11,8 +11,8 @@ than the deadline: in the ``async`` load mode the step returns at once and other
 meanwhile; in ``sync`` the step waits for the load (``wait=True``), at most until its deadline. Either way
 its outcome is reported at the next ``poll``. A load that outlives its deadline is reported failed and
 *cancelled*: its ``LoadGuard`` then refuses every later write, so a backend that answers late can never
-write into blocks vLLM has given back for recomputation. ``call`` is the same for a load whose outcome the
-step itself needs (vLLM's classic same-step load).
+write into blocks vLLM has given back for recomputation. ``start`` is the same for a load whose outcome the
+step itself needs (vLLM's classic same-step load, or one layer by layer).
 ``load`` returns True only when every expected token arrived and the guard saw no failure.
 """
 
@@ -44,11 +44,17 @@ class LoadGuard:
         self._lock = threading.Lock()
         self.cancelled: str | None = None
         self.write_error: str | None = None
+        self.cause: str | None = None
+        """Why the load failed, for the statistics (``stats.FAILURE_CAUSES``); the first cause found wins."""
 
-    def cancel(self, why: str) -> None:
+    def failed(self, cause: str) -> None:
+        self.cause = self.cause or cause
+
+    def cancel(self, why: str, cause: str = "timeout") -> None:
         """Waits for a write in progress to finish, then refuses every later one."""
         with self._lock:
             self.cancelled = why
+            self.failed(cause)
 
     def run(self, write: Callable[[], None]) -> None:
         with self._lock:
@@ -61,6 +67,7 @@ class LoadGuard:
             except Exception as exc:
                 logger.exception("request %s: writing loaded KV into vLLM's cache failed", self.req_id)
                 self.write_error = f"{type(exc).__name__}: {exc}"
+                self.failed("error")
 
     @property
     def failure(self) -> str | None:
@@ -107,15 +114,17 @@ class StartedLoad(Generic[T]):
             self.give_up()
         except Exception:
             logger.exception("request %s: loading from LMCache failed", self.req_id)
+            self.guard.failed("error")
         return on_failure
 
 
 @dataclass
 class LoadResults:
-    """What ``poll`` hands to vLLM: every request whose load ended, and those of them that failed."""
+    """What ``poll`` hands to vLLM: every request whose load ended, and those of them that failed (with why)."""
 
     finished: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
+    causes: dict[str, str] = field(default_factory=dict)
 
 
 class AsyncLoads:
@@ -149,15 +158,12 @@ class AsyncLoads:
         guard = LoadGuard(req_id)
         return StartedLoad(req_id, guard, self._executor.submit(load, guard), self._deadline(), self.timeout_s)
 
-    def call(self, req_id: str, load: Callable[[LoadGuard], T], on_failure: T) -> T:
-        """Run ``load`` on the loader thread and wait for its result until the deadline; ``on_failure`` when
-        it raised or outlived the deadline (then cancelled, so a late answer writes nothing)."""
-        return self.start(req_id, load).result(on_failure)
-
     def fail(self, req_id: str) -> None:
         """Report ``req_id`` failed at the next poll without running anything (e.g. sleep mode)."""
+        guard = LoadGuard(req_id)
+        guard.failed("unregistered")
         with self._lock:
-            self._loads[req_id] = _Load(LoadGuard(req_id), 0.0, outcome=False)
+            self._loads[req_id] = _Load(guard, 0.0, outcome=False)
 
     @staticmethod
     def _run(req_id: str, guard: LoadGuard, load: Callable[[str, LoadGuard], bool]) -> bool:
@@ -168,6 +174,7 @@ class AsyncLoads:
         except Exception:
             logger.exception("request %s: loading from LMCache failed; vLLM will recompute or fail the request",
                              req_id)
+            guard.failed("error")
         return False
 
     def poll(self) -> LoadResults:
@@ -189,6 +196,7 @@ class AsyncLoads:
                 results.finished.add(req_id)
                 if not entry.outcome:
                     results.failed.add(req_id)
+                    results.causes[req_id] = entry.guard.cause or "missing"
         return results
 
     @property

@@ -24,6 +24,15 @@ COUNTERS: dict[str, str] = {
     "bytes_loaded": "KV bytes read from LMCache into the KV cache",
     "loads_failed": "loads reported failed to vLLM (the request is recomputed or failed, per its policy)",
 }
+FAILURE_CAUSES: dict[str, str] = {
+    "missing": "LMCache returned fewer tokens than it had claimed (evicted, deleted or cut object, store down)",
+    "corrupt": "a chunk object failed its checksum (it was removed from every tier)",
+    "timeout": "no answer within platforms.load_timeout_s",
+    "error": "the load raised (a kernel error, a wrong-size object)",
+    "unregistered": "the KV caches were unregistered (vLLM sleep mode)",
+}
+"""Why a load failed: the ``cause`` label of ``loads_failed_total``; counted as ``failed_<cause>`` in the data."""
+FAILED = {cause: f"failed_{cause}" for cause in FAILURE_CAUSES}
 TIMINGS: dict[str, str] = {
     "store_seconds": "seconds one request's store took (LMCache's store call, copy included)",
     "load_seconds": "seconds one request's load took (LMCache's retrieve call, copy included)",
@@ -34,7 +43,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 
 def _empty() -> dict[str, Any]:
-    return {**dict.fromkeys(COUNTERS, 0), **{name: [] for name in TIMINGS}}
+    return {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(FAILED.values(), 0), **{name: [] for name in TIMINGS}}
 
 
 class PlatformsConnectorStats(KVConnectorStats):
@@ -47,7 +56,7 @@ class PlatformsConnectorStats(KVConnectorStats):
         self.data = _empty()
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name in COUNTERS:
+        for name in (*COUNTERS, *FAILED.values()):
             self.data[name] += other.data.get(name, 0)
         for name in TIMINGS:
             self.data[name] = [*self.data[name], *other.data.get(name, ())]
@@ -56,6 +65,7 @@ class PlatformsConnectorStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float]:
         """The interval's counters, and the mean of each timing in milliseconds."""
         reduced: dict[str, int | float] = {name: self.data[name] for name in COUNTERS}
+        reduced.update({name: self.data[name] for name in FAILED.values() if self.data[name]})
         for name in TIMINGS:
             values = self.data[name]
             reduced[f"{name.removesuffix('_seconds')}_ms_mean"] = (
@@ -71,12 +81,24 @@ class StatsRecorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._counts = dict.fromkeys((*COUNTERS, *FAILED.values()), 0)
         self._timings: dict[str, deque[float]] = {name: deque(maxlen=MAX_TIMINGS) for name in TIMINGS}
+        self.totals = dict.fromkeys((*COUNTERS, *FAILED.values()), 0)
+        """Every count since the connector started (never taken: for ``doctor``-like readers and tests)."""
 
     def count(self, name: str, value: int = 1) -> None:
         with self._lock:
             self._counts[name] += value
+            self.totals[name] += value
+
+    def failed_load(self, cause: str) -> None:
+        """One load reported failed to vLLM, for ``cause`` (a key of ``FAILURE_CAUSES``)."""
+        if cause not in FAILURE_CAUSES:
+            raise ValueError(f"unknown failed-load cause {cause!r}; known: {', '.join(FAILURE_CAUSES)}")
+        with self._lock:
+            for name in ("loads_failed", FAILED[cause]):
+                self._counts[name] += 1
+                self.totals[name] += 1
 
     def timing(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -86,7 +108,7 @@ class StatsRecorder:
         """The stats since the last take (None when nothing happened), and start afresh."""
         with self._lock:
             data = {**self._counts, **{name: list(values) for name, values in self._timings.items()}}
-            self._counts = dict.fromkeys(COUNTERS, 0)
+            self._counts = dict.fromkeys(self._counts, 0)
             for values in self._timings.values():
                 values.clear()
         stats = PlatformsConnectorStats(data)
@@ -109,14 +131,19 @@ class PlatformsPromMetrics(KVConnectorPromMetrics):
         counter: Any = self._counter_cls
         histogram: Any = self._histogram_cls
         counters = {name: counter(name=f"{PREFIX}{name}", documentation=doc, labelnames=labelnames)
-                    for name, doc in COUNTERS.items()}
+                    for name, doc in COUNTERS.items() if name != "loads_failed"}
+        failed = counter(name=f"{PREFIX}loads_failed", documentation=COUNTERS["loads_failed"],
+                         labelnames=[*labelnames, "cause"])
         histograms = {name: histogram(name=f"{PREFIX}{name}", documentation=doc, buckets=list(BUCKETS),
                                       labelnames=labelnames) for name, doc in TIMINGS.items()}
         self._counters = _per_engine(counters, per_engine_labelvalues)
+        # Every cause's sample exists from the start (at 0), so a dashboard's rate() has a series to read.
+        self._failed = {engine: {FAILED[cause]: failed.labels(*values, cause) for cause in FAILURE_CAUSES}
+                        for engine, values in per_engine_labelvalues.items()}
         self._histograms = _per_engine(histograms, per_engine_labelvalues)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        for name, metric in self._counters[engine_idx].items():
+        for name, metric in (*self._counters[engine_idx].items(), *self._failed[engine_idx].items()):
             if transfer_stats_data.get(name):
                 metric.inc(transfer_stats_data[name])
         for name, metric in self._histograms[engine_idx].items():

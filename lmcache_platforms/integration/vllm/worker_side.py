@@ -105,10 +105,10 @@ class WorkerSide(ImplState):
                 job = self.loads.start(request.req_id, partial(self._load_one, engine, request, gate=gate))
                 self._layerwise_loads.append(_LayerwiseLoad(request, gate, job))
             else:
-                first = self.loads.call(request.req_id, partial(self._load_one, engine, request),
-                                        on_failure=spec.vllm_cached_tokens)
+                job = self.loads.start(request.req_id, partial(self._load_one, engine, request))
+                first = job.result(on_failure=spec.vllm_cached_tokens)
                 if first is not None:
-                    self._fail_load(request, first, spec.lmcache_cached_tokens)
+                    self._fail_load(request, first, spec.lmcache_cached_tokens, job.guard.cause)
         if self._layerwise_loads and (binding := self._binding()) is not None:
             hooked = vllm_compat.layers_with_transfer_hooks(forward_context)
             for name in binding.moved_layers:
@@ -138,7 +138,7 @@ class WorkerSide(ImplState):
             first = load.job.result(on_failure=spec.vllm_cached_tokens)
             load.gate.release()
             if first is not None:
-                self._fail_load(load.request, first, spec.lmcache_cached_tokens)
+                self._fail_load(load.request, first, spec.lmcache_cached_tokens, load.job.guard.cause)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._finish_layerwise_loads()
@@ -158,7 +158,7 @@ class WorkerSide(ImplState):
         if request.load_while_waiting:
             self.loads.fail(request.req_id)
         else:
-            self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
+            self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens, "unregistered")
 
     def _load_waiting(self, engine: LMCacheEngine, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
         """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
@@ -184,6 +184,7 @@ class WorkerSide(ImplState):
         binding = self._binding()
         bytes_before = binding.counters.bytes_loaded if binding is not None else 0
         chunks_before = binding.counters.chunks_loaded if binding is not None else 0
+        corrupt_before = binding.counters.objects_corrupt if binding is not None else 0
         started = time.perf_counter()
         try:
             ret_mask = engine.retrieve(
@@ -214,14 +215,16 @@ class WorkerSide(ImplState):
                             ", layer by layer" if gate is not None else "")
             return None
         first = int(torch.nonzero(missing)[0])
+        corrupt = binding is not None and binding.counters.objects_corrupt > corrupt_before
+        guard.failed("corrupt" if corrupt else "missing")
         logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d",
                      request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first)
         return first
 
-    def _fail_load(self, request: RequestMeta, first: int, num_tokens: int) -> None:
+    def _fail_load(self, request: RequestMeta, first: int, num_tokens: int, cause: str | None) -> None:
         """A single-group model's synchronous load did not fully arrive: its blocks holding tokens
         ``[first, num_tokens)`` go to vLLM, which recomputes or fails the request."""
-        self.stats.count("loads_failed")
+        self.stats.failed_load(cause or "error")
         if self.plan.multi_group:
             raise RuntimeError(
                 f"request {request.req_id}: a load of a model with {len(self.plan.saved)} KV-cache groups ran in "
@@ -232,7 +235,8 @@ class WorkerSide(ImplState):
     def get_transfer_results(self) -> LoadResults:
         """Wait-state loads that ended since the last step (failed ones are also in ``finished``)."""
         results = self.loads.poll()
-        self.stats.count("loads_failed", len(results.failed))
+        for cause in results.causes.values():
+            self.stats.failed_load(cause)
         return results
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
