@@ -5,13 +5,21 @@ reported, a request vLLM no longer knows or a prefix already published is not; a
 
 from __future__ import annotations
 
+import pytest
 from vllm import SamplingParams
 from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
 from vllm.v1.request import Request
 
-from lmcache_platforms.integration.vllm.kv_events import EventQueue, StoredPrefix, StoredPrefixes, Tier, tiers_of
+from lmcache_platforms.integration.vllm.kv_events import (
+    EventQueue,
+    StoredPrefix,
+    StoredPrefixes,
+    Tier,
+    external_hashes,
+    tiers_of,
+)
 
 HASH_BLOCK = 16
 CPU, REMOTE = Tier("CPU", "LOCAL"), Tier("STORAGE", "REMOTE")
@@ -96,3 +104,11 @@ def test_tiers_follow_lmcaches_config() -> None:
     assert tiers_of(Config()) == (CPU, Tier("STORAGE", "LOCAL"), REMOTE)
     Config.local_cpu, Config.local_disk = False, None
     assert tiers_of(Config()) == (REMOTE,)
+
+
+@pytest.mark.parametrize("as_int", ["1", "0"])
+def test_hashes_are_published_as_vllm_converts_them(monkeypatch: pytest.MonkeyPatch, as_int: str) -> None:
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", as_int)
+    hashes = request("a", 64).block_hashes
+    assert external_hashes(hashes) == [maybe_convert_block_hash(h) for h in hashes]
+    assert external_hashes(hashes) != [maybe_convert_block_hash(h) for h in reversed(hashes)]  # the oracle sees order

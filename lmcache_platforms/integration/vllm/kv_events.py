@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm import envs
 from vllm.distributed.kv_events import (
     MEDIUM_CPU,
     MEDIUM_STORAGE,
@@ -25,7 +26,7 @@ from vllm.distributed.kv_events import (
     KVCacheEvent,
     KVConnectorKVEvents,
 )
-from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, maybe_convert_block_hash, to_event_extra_keys
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
 
 from lmcache_platforms.log import init_logger
 
@@ -100,24 +101,39 @@ def tiers_of(config: Any) -> tuple[Tier, ...]:
     return tuple(tiers)
 
 
+def external_hashes(hashes: list[Any]) -> list[Any]:
+    """What vLLM publishes for its block hashes (``maybe_convert_block_hash``, its setting read once, not per
+    hash: a 2,048-token store has 128 of them): the low 64 bits as an int, or the bytes themselves."""
+    if not envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+        return list(hashes)
+    return [int.from_bytes(block_hash, byteorder="big") & 0xFFFF_FFFF_FFFF_FFFF for block_hash in hashes]
+
+
+def _extra_keys(request: Request, first: int, last: int, hash_block_size: int) -> list[tuple[Any, ...] | None]:
+    """Each block's extra hash keys as vLLM computes them (none without an adapter, salt or multimodal input)."""
+    if not (request.lora_request or request.cache_salt or request.mm_features or request.prompt_embeds is not None):
+        return [None] * (last - first)
+    keys, mm_index = [], 0
+    for index in range(first, last):
+        block_keys, mm_index = generate_block_hash_extra_keys(request, index * hash_block_size,
+                                                              (index + 1) * hash_block_size, mm_index)
+        keys.append(block_keys)
+    return keys
+
+
 def block_stored(request: Request, first: int, last: int, hash_block_size: int, tier: Tier) -> BlockStored:
     """vLLM's event for the request's hash blocks ``[first, last)``, as its prefix cache builds one."""
-    hashes = request.block_hashes
-    extra_keys, mm_index = [], 0
-    for index in range(first, last):
-        keys, mm_index = generate_block_hash_extra_keys(request, index * hash_block_size,
-                                                        (index + 1) * hash_block_size, mm_index)
-        extra_keys.append(keys)
+    hashes = external_hashes(request.block_hashes[max(0, first - 1):last])
     lora = request.lora_request
     return BlockStored(
-        block_hashes=[maybe_convert_block_hash(block_hash) for block_hash in hashes[first:last]],
-        parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
+        block_hashes=hashes[1:] if first else hashes,
+        parent_block_hash=hashes[0] if first else None,
         token_ids=list(request.all_token_ids[first * hash_block_size:last * hash_block_size]),
         block_size=hash_block_size,
         lora_id=lora.adapter_id if lora else None,
         medium=tier.medium,
         lora_name=lora.name if lora else None,
-        extra_keys=to_event_extra_keys(extra_keys),
+        extra_keys=to_event_extra_keys(_extra_keys(request, first, last, hash_block_size)),
         locality=tier.locality,
         session_id=getattr(request, "session_id", None),
     )
