@@ -87,6 +87,8 @@ EXPECTED_SECONDS = {
     "tests/reliability/test_served_faults.py": 50,
     "tests/integration/test_vllm023.py": 45,
     "tests/serving/test_connector_metrics.py": 45,
+    "tests/serving/test_kv_router.py": 95,
+    "tests/serving/test_kv_events.py": 55,
 }
 
 
