@@ -59,7 +59,8 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
     assert {name.removeprefix(PREFIX): value for name, value in after.items()} == {
         "lookups_total": 4, "hit_tokens_total": sum(hits),
         "chunks_stored_total": chunks, "bytes_stored_total": chunks * chunk_bytes,
-        "chunks_loaded_total": chunks, "bytes_loaded_total": chunks * chunk_bytes, "loads_failed_total": 0,
+        "chunks_loaded_total": chunks, "bytes_loaded_total": chunks * chunk_bytes,
+        "loads_failed_total": 0, "resets_total": 0,
         "store_seconds_count": 2, "load_seconds_count": 2,
         "store_seconds_sum": after[f"{PREFIX}store_seconds_sum"],
         "load_seconds_sum": after[f"{PREFIX}load_seconds_sum"],

@@ -22,6 +22,7 @@ from lmcache_platforms.tools.demo.runners import Resources
 from lmcache_platforms.tools.demo.server import VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
+from tests.serving.test_connector_metrics import PREFIX, scrape
 from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests
 
 pytestmark = pytest.mark.slow
@@ -113,6 +114,7 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
             fresh = run_requests(server.base_url, prompts[:1], Sampling(max_tokens=2))
             after = receive(subscriber, lambda events: sum(isinstance(e, AllBlocksCleared) for e in events) >= 2
                             and bool(chains(events, "CPU")))
+            resets = scrape(server.base_url)[f"{PREFIX}resets_total"]
     finally:
         subscriber.close(linger=0)
         context.term()
@@ -128,6 +130,7 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
     # the reset cleared vLLM's blocks and LMCache's (one of the two is vLLM's: without ours, a time-out); the
     # first prompt after it hit nothing and was stored and published anew, after the clearing.
     assert [(r["vllm_hit_tokens"], r["lmcache_hit_tokens"]) for r in fresh] == [(0, 0)]
+    assert resets == 1  # and on /metrics
     kinds = [type(e).__name__ for e in after if not isinstance(e, BlockStored) or e.medium == "CPU"]
     assert kinds == ["AllBlocksCleared", "AllBlocksCleared", "BlockStored"], kinds
     assert chains(after, "CPU") == ours[:1]

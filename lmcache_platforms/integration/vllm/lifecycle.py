@@ -238,6 +238,7 @@ class Lifecycle(ImplState):
         its KV, computed before, in the old one; one preempted is looked up again."""
         self._generation = secrets.token_hex(8)
         self.kv_events.cleared()
+        self.stats.count("resets")
         logger.info("vLLM reset its prefix cache: LMCache's chunks stored before are no longer looked up "
                     "(scope generation %s)", self._generation)
         return True

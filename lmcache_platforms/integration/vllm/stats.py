@@ -23,6 +23,7 @@ COUNTERS: dict[str, str] = {
     "chunks_loaded": "chunk objects read from LMCache into the KV cache",
     "bytes_loaded": "KV bytes read from LMCache into the KV cache",
     "loads_failed": "loads reported failed to vLLM (the request is recomputed or failed, per its policy)",
+    "resets": "prefix-cache resets the connector took: nothing stored before is looked up again",
 }
 FAILURE_CAUSES: dict[str, str] = {
     "missing": "LMCache returned fewer tokens than it had claimed (evicted, deleted or cut object, store down)",
