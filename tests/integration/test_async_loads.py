@@ -21,6 +21,7 @@ def drain(loads: AsyncLoads, timeout: float = 10.0) -> LoadResults:
         results = loads.poll()
         merged.finished |= results.finished
         merged.failed |= results.failed
+        merged.causes.update(results.causes)
         time.sleep(0.005)
     return merged
 
@@ -40,6 +41,7 @@ def test_outcomes_are_reported_once_failures_in_both_sets(wait: bool) -> None:
         return
     results = drain(loads)
     assert (results.finished, results.failed) == ({"ok", "short", "raises"}, {"short", "raises"})
+    assert results.causes == {"short": "missing", "raises": "error"}
     assert loads.poll() == LoadResults()
     loads.shutdown()
 
@@ -72,6 +74,7 @@ def test_a_load_past_its_deadline_is_failed_and_its_late_write_refused() -> None
     loads.submit("queued", lambda req_id, guard: True)  # behind the stuck one on the single loader thread
     results = drain(loads)
     assert (results.finished, results.failed) == ({"slow", "queued"}, {"slow", "queued"})
+    assert results.causes == {"slow": "timeout", "queued": "timeout"}
     answer.set()
     assert tried.wait(5), "the late answer never came"
     # refused: vLLM may already recompute into those blocks
@@ -79,13 +82,15 @@ def test_a_load_past_its_deadline_is_failed_and_its_late_write_refused() -> None
     loads.shutdown()
 
 
-def test_a_waiting_step_is_released_at_the_deadline_and_call_gives_the_failure_value() -> None:
+def test_a_waiting_step_is_released_at_the_deadline_and_a_started_load_gives_the_failure_value() -> None:
     loads = AsyncLoads(timeout_s=0.05)
     answer = threading.Event()
     started = time.monotonic()
     loads.submit("stuck", lambda req_id, guard: answer.wait(5), wait=True)
     assert time.monotonic() - started < 2
-    assert loads.poll().failed == {"stuck"}
+    assert loads.poll().causes == {"stuck": "timeout"}
+    loads.fail("asleep")
+    assert loads.poll().causes == {"asleep": "unregistered"}
     writes: list[int] = []
 
     def stuck_write(guard: LoadGuard) -> int | None:
@@ -93,7 +98,8 @@ def test_a_waiting_step_is_released_at_the_deadline_and_call_gives_the_failure_v
         guard.run(lambda: writes.append(1))
         return None
 
-    assert loads.start("classic", stuck_write).result(on_failure=64) == 64
+    classic = loads.start("classic", stuck_write)
+    assert (classic.result(on_failure=64), classic.guard.cause) == (64, "timeout")
     assert loads.start("fine", lambda guard: None).result(on_failure=64) == 64  # queued behind the stuck ones
     answer.set()
     assert loads.start("fine", lambda guard: None).result(on_failure=64) is None
