@@ -16,7 +16,7 @@ from lmcache_platforms.tools.demo.runners import Resources
 from lmcache_platforms.tools.demo.server import VllmServer, http_get
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
-from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests
+from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests, cpu_tier_env
 
 pytestmark = pytest.mark.slow
 
@@ -39,12 +39,10 @@ def scrape(base_url: str) -> dict[str, float]:
 def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
     requests = _requests(TINY_DENSE_MODEL.vocab_size)
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
-    config = tmp_path / "lmcache.yaml"
-    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
     server = VllmServer.for_model(ensure_model(TINY_DENSE_MODEL),
                                   {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
                                   [*serve_args(32, 1024), "--no-enable-prefix-caching"], tmp_path / "server.log",
-                                  Resources.available(), {"LMCACHE_CONFIG_FILE": str(config)})
+                                  Resources.available(), cpu_tier_env(tmp_path))
     with server:
         before = scrape(server.base_url)
         cold = run_requests(server.base_url, prompts, Sampling(max_tokens=8))

@@ -23,7 +23,7 @@ from lmcache_platforms.tools.demo.server import VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
 from tests.serving.test_connector_metrics import PREFIX, scrape
-from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests
+from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests, cpu_tier_env
 
 pytestmark = pytest.mark.slow
 
@@ -82,8 +82,6 @@ def expected_chains(vllm_chains: list[tuple[list[Any], list[int]]], prompts: lis
 def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path: Path) -> None:
     requests = _requests(TINY_MODEL.vocab_size)
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
-    config = tmp_path / "lmcache.yaml"
-    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
     endpoint = f"ipc://{tmp_path}/kv-events"  # the server binds it; nothing listens beyond this machine
     context = zmq.Context()
     subscriber = context.socket(zmq.SUB)
@@ -93,7 +91,7 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
     server = VllmServer.for_model(ensure_model(TINY_MODEL),
                                   {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
                                   [*serve_args(BLOCK, 1024), "--kv-events-config", json.dumps(events_config)],
-                                  tmp_path / "server.log", Resources.available(), {"LMCACHE_CONFIG_FILE": str(config),
+                                  tmp_path / "server.log", Resources.available(), {**cpu_tier_env(tmp_path),
                                    "VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache is a dev route
     try:
         with server:

@@ -20,10 +20,11 @@ from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
 from lmcache_platforms.tools.demo.workload import FIRST_ORDINARY_TOKEN
 from lmcache_platforms.tools.kv_router import KVRouter, PrefixIndex
+from tests.serving.test_upstream_names import CHUNK, cpu_tier_env
 
 pytestmark = pytest.mark.slow
 
-CHUNK, BLOCK = 64, 32
+BLOCK = 32
 LENGTHS = (300, 200, 260, 140)
 
 
@@ -43,8 +44,6 @@ def ask(server: VllmServer, name: str, tokens: list[int]) -> int:
 
 
 def test_the_router_sends_a_follow_up_where_its_prefix_was_stored_and_it_hits_there(tmp_path: Path) -> None:
-    config = tmp_path / "lmcache.yaml"
-    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
     model = ensure_model(TINY_MODEL)
     servers, endpoints = {}, {}
     for name in ("a", "b"):
@@ -53,7 +52,7 @@ def test_the_router_sends_a_follow_up_where_its_prefix_was_stored_and_it_hits_th
         servers[name] = VllmServer.for_model(
             model, {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
             [*serve_args(BLOCK, 1024), "--no-enable-prefix-caching", "--kv-events-config", json.dumps(events)],
-            tmp_path / f"{name}.log", Resources.available(), {"LMCACHE_CONFIG_FILE": str(config)})
+            tmp_path / f"{name}.log", Resources.available(), cpu_tier_env(tmp_path))
     router = KVRouter(endpoints)
     try:
         with contextlib.ExitStack() as stack:

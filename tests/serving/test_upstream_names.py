@@ -29,6 +29,14 @@ CHUNK = 64
 LENGTHS = (300, 200)  # 4 and 3 whole chunks (vLLM computes the last token itself)
 
 
+def cpu_tier_env(folder: Path, extra: str = "") -> dict[str, str]:
+    """The environment of a server whose LMCache keeps ``CHUNK``-token chunks in its local CPU cache (plus
+    ``extra`` yaml lines)."""
+    config = folder / "lmcache.yaml"
+    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n{extra}")
+    return {"LMCACHE_CONFIG_FILE": str(config)}
+
+
 def _requests(vocab: int) -> list[Request]:
     """Prompts sharing no chunk, so a hit can only be the same prompt's own."""
     span = vocab - FIRST_ORDINARY_TOKEN
@@ -50,10 +58,7 @@ def test_upstream_name_serves_identically_with_exact_hits(tmp_path: Path, model:
                               [*serve_args(32, 1024), "--no-enable-prefix-caching"], Sampling(max_tokens=8),
                               progress=lambda _line: None)
     with RedisServer(str(tmp_path)) as redis:
-        config = tmp_path / "lmcache.yaml"
-        config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n"
-                          f'remote_url: "{redis.url}"\nremote_serde: naive\n')
-        env = {"LMCACHE_CONFIG_FILE": str(config)}
+        env = cpu_tier_env(tmp_path, f'remote_url: "{redis.url}"\nremote_serde: naive\n')
         transfer = {**connector, "kv_role": "kv_both"}
         cold = runner.run("cold", transfer, requests + requests, None, env)
         fresh = runner.run("fresh", transfer, requests, None, env)
@@ -85,9 +90,7 @@ def test_what_vllm_serves_without_the_connector_it_serves_with_it(tmp_path: Path
     runner = ServerPassRunner(tmp_path, Resources.available(), ensure_model(TINY_MODEL),
                               [*serve_args(32, 1024), "--no-enable-prefix-caching", *extra_args],
                               Sampling(max_tokens=8), progress=lambda _line: None)
-    config = tmp_path / "lmcache.yaml"
-    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n")
-    env = {"LMCACHE_CONFIG_FILE": str(config), **extra_env}
+    env = {**cpu_tier_env(tmp_path), **extra_env}
     try:
         bare = runner.run("bare", None, requests, None, extra_env)
     except PassFailed:

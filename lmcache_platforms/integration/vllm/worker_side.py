@@ -16,6 +16,7 @@ failed: nothing is copied into memory that may be unmapped.
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -61,8 +62,9 @@ class WorkerSide(ImplState):
     """This step's saves on the store thread: their gate, their outcome, and the requests whose lookup pins they
     leave (a same-step load of theirs may still be reading the pinned chunks): unpinned once the loads ended."""
     _store_thread: ThreadPoolExecutor | None
-    _stored_prefixes: list[StoredPrefix] | None
-    """What this worker's stores made hits since vLLM last took its KV events (None: vLLM publishes none)."""
+    _stored_prefixes: deque[StoredPrefix] | None
+    """What this worker's stores made hits since vLLM last took its KV events (None: vLLM publishes none); the
+    store thread appends while vLLM may take (when it finishes a step's saves later)."""
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
                               config: LMCacheEngineConfig) -> None:
@@ -70,7 +72,7 @@ class WorkerSide(ImplState):
         self._layerwise_loads = []
         self._store_job = None
         self._store_thread = None
-        self._stored_prefixes = [] if self.kv_events.enabled else None
+        self._stored_prefixes = deque() if self.kv_events.enabled else None
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
@@ -329,10 +331,10 @@ class WorkerSide(ImplState):
 
     def take_stored_prefixes(self) -> StoredPrefixes | None:
         """This worker's reports since the last call, for vLLM to gather (``get_kv_connector_kv_cache_events``)."""
-        if not self._stored_prefixes:
-            return None
-        reports, self._stored_prefixes = self._stored_prefixes, []
-        return StoredPrefixes(reports)
+        reports = []
+        while self._stored_prefixes:
+            reports.append(self._stored_prefixes.popleft())
+        return StoredPrefixes(reports) if reports else None
 
     def _store(self, engine: LMCacheEngine, request: RequestMeta, mask: torch.Tensor, start: int, end: int,
                kwargs: dict[str, Any]) -> None:
