@@ -32,12 +32,12 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from lmcache_platforms.connector.remote_lookups import GUARD_ATTRIBUTE
 from lmcache_platforms.log import init_logger
 from lmcache_platforms.upstream_fixes.remote_close import backend_settings
 
 logger = init_logger(__name__)
 
-_GUARD = "_lmcache_platforms_lookup_guard"
 _guards_lock = threading.Lock()
 BACKOFF_BASE = 2.0
 """After the n-th time-out in a row, the store is skipped for ``BACKOFF_BASE ** n`` times the late answer's
@@ -45,12 +45,15 @@ lateness (capped by ``remote_retry_s``)."""
 
 
 class LookupGuard:
-    """One remote backend's asking thread, time budgets and back-off."""
+    """One remote backend's asking thread, time budgets and back-off; counts its time-outs and skipped asks for
+    the connector statistics (``connector.remote_lookups``)."""
 
     def __init__(self, timeout_s: float, connect_s: float, retry_s: float, name: str) -> None:
         self.timeout_s, self.retry_s, self.connect_s = timeout_s, retry_s, max(connect_s, timeout_s)
         self.skip_until = 0.0
         self.strikes = 0
+        self.timed_out = 0
+        self.skipped = 0
         self._skipping = False
         self._connection: object | None = None
         self._state = threading.Lock()
@@ -80,6 +83,8 @@ class LookupGuard:
         if self.timeout_s <= 0 or threading.current_thread() is self.thread:
             return ask()  # no budget, or an ask made from inside another ask (batched -> single contains)
         if time.monotonic() < self.skip_until:
+            with self._state:
+                self.skipped += 1
             return miss
         budget = self.budget(connection)
         future: Future = Future()
@@ -104,6 +109,7 @@ class LookupGuard:
         timed_out = time.monotonic()
         with self._state:
             self.strikes += 1
+            self.timed_out += 1
             strikes = self.strikes
             self.skip_until = timed_out + self.retry_s
             newly, self._skipping = not self._skipping, True
@@ -127,15 +133,15 @@ class LookupGuard:
 
 def lookup_guard(backend: Any) -> LookupGuard:
     """The guard of ``backend`` (a ``RemoteBackend``), made on first use from its config and vLLM's keys."""
-    guard = getattr(backend, _GUARD, None)
+    guard = getattr(backend, GUARD_ATTRIBUTE, None)
     if guard is None:
         with _guards_lock:
-            guard = getattr(backend, _GUARD, None)
+            guard = getattr(backend, GUARD_ATTRIBUTE, None)
             if guard is None:
                 settings = backend_settings(backend)
                 guard = LookupGuard(settings.remote_lookup_timeout_s, settings.remote_connect_timeout_s,
                                     settings.remote_retry_s, type(backend).__name__)
-                setattr(backend, _GUARD, guard)
+                setattr(backend, GUARD_ATTRIBUTE, guard)
     return guard
 
 

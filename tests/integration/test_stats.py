@@ -70,3 +70,17 @@ def test_an_unknown_cause_is_refused_and_counts_nothing() -> None:
     with pytest.raises(ValueError, match="unknown failed-load cause 'evicted'; known: missing, corrupt, timeout"):
         recorder.failed_load("evicted")
     assert recorder.take() is None
+
+
+def test_a_running_count_kept_elsewhere_is_counted_once_as_it_grows() -> None:
+    recorder = StatsRecorder()
+    recorder.advance("remote_lookups_skipped", 3)
+    recorder.advance("remote_lookups_skipped", 3)
+    taken = recorder.take()
+    assert taken is not None and taken.data["remote_lookups_skipped"] == 3
+    recorder.advance("remote_lookups_skipped", 5)
+    taken = recorder.take()
+    assert taken is not None and taken.data["remote_lookups_skipped"] == 2
+    recorder.advance("remote_lookups_skipped", 5)
+    assert recorder.take() is None
+    assert recorder.totals["remote_lookups_skipped"] == 5

@@ -29,10 +29,12 @@ from pathlib import Path
 
 import pytest
 
+from lmcache_platforms.connector.remote_lookups import remote_lookup_counts
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
+from tests.serving.test_connector_metrics import PREFIX, scrape
 
 pytestmark = [pytest.mark.slow]
 
@@ -141,6 +143,8 @@ def test_lookup_store_load_and_close_of_an_engine_with_a_stuck_remote_store_are_
         assert hit == 0 and took < 0.3, f"lookup while the store is skipped took {took:.2f} s"
         hit, took = _timed(lambda: engine.lookup(request.tokens))  # the CPU cache still serves its chunks
         assert hit == request.stored_tokens and took < 0.3
+        # What the connector statistics report: one time-out, then the second lookup's ask answered unasked.
+        assert remote_lookup_counts(engine.engine) == (1, 1)
 
         _a_load_from_the_stuck_store_is_reported_failed_at_the_load_timeout(engine)
 
@@ -174,6 +178,7 @@ def test_a_server_with_a_stuck_remote_store_answers_every_request_promptly(
         # The first request pays vLLM's one-time compilation (seconds on a busy CPU) and the connect allowance.
         stream_one(client, model, warmup, 4)
         results = [stream_one(client, model, tokens, 4) for tokens in [*prompts, *prompts]]
+        metrics = scrape(server.base_url)
     latencies = sorted(r["latency_s"] for r in results)
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert latencies[-1] < 2.5, latencies
@@ -181,3 +186,7 @@ def test_a_server_with_a_stuck_remote_store_answers_every_request_promptly(
     assert re.search(r"did not answer a lookup [^\n]*within 2.5 s \(platforms.remote_connect_timeout_s\)", log)
     assert [r["cached_tokens"] for r in results[len(prompts):]] == [256] * len(prompts)  # the CPU cache serves
     assert server.exit_code == 0
+    # On /metrics: the store timed out (once, or again if a probe after remote_retry_s came within the run) and
+    # was skipped since (LMCache asks once per lookup that misses the CPU cache; how many depends on timing).
+    assert metrics[f"{PREFIX}remote_lookups_timed_out_total"] >= 1, metrics
+    assert metrics[f"{PREFIX}remote_lookups_skipped_total"] >= 1, metrics

@@ -59,6 +59,7 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
         "chunks_stored_total": chunks, "bytes_stored_total": chunks * chunk_bytes,
         "chunks_loaded_total": chunks, "bytes_loaded_total": chunks * chunk_bytes,
         "loads_failed_total": 0, "resets_total": 0,
+        "remote_lookups_timed_out_total": 0, "remote_lookups_skipped_total": 0,
         "store_seconds_count": 2, "load_seconds_count": 2,
         "store_seconds_sum": after[f"{PREFIX}store_seconds_sum"],
         "load_seconds_sum": after[f"{PREFIX}load_seconds_sum"],

@@ -136,7 +136,7 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
 
     # Both sides: statistics (vLLM's stats line, /metrics)
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        return self._impl.stats.take()
+        return self._impl.take_stats()
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

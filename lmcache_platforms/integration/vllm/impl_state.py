@@ -19,13 +19,14 @@ from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl
 from lmcache_platforms.config import PlatformSettings, connector_settings
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.protocol import LayoutConnector
+from lmcache_platforms.connector.remote_lookups import remote_lookup_counts
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, recurrent_block_sizes, single_group_plan
 from lmcache_platforms.integration.vllm.kv_events import EventQueue, tiers_of
 from lmcache_platforms.integration.vllm.model_identity import ModelIdentity, model_identity
 from lmcache_platforms.integration.vllm.recurrent import chunk_size_for
-from lmcache_platforms.integration.vllm.stats import StatsRecorder
+from lmcache_platforms.integration.vllm.stats import PlatformsConnectorStats, StatsRecorder
 from lmcache_platforms.integration.vllm.wrapper_contract import WrapperContract, contract_of
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
@@ -131,6 +132,15 @@ class ImplState(LMCacheConnectorV1Impl):
         # Only our connector takes them (upstream wrappers publish LMCache's own events, keyed by its chunk hashes).
         self.kv_events = EventQueue(self.contract.loads_wait and vllm_compat.kv_events_enabled(vllm_config),
                                     vllm_compat.hash_block_size(self._parent, self._block_size), tiers_of(config))
+
+    def take_stats(self) -> PlatformsConnectorStats | None:
+        """What vLLM's stats line and /metrics get this step; on a worker (whose lookup server asks the remote
+        store) also the remote store's lookup time-outs and skips since the last step."""
+        if self.lmcache_engine is not None:
+            timed_out, skipped = remote_lookup_counts(self.lmcache_engine)
+            self.stats.advance("remote_lookups_timed_out", timed_out)
+            self.stats.advance("remote_lookups_skipped", skipped)
+        return self.stats.take()
 
     @property
     def hits_allowed(self) -> bool:

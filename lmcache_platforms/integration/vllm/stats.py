@@ -24,6 +24,8 @@ COUNTERS: dict[str, str] = {
     "bytes_loaded": "KV bytes read from LMCache into the KV cache",
     "loads_failed": "loads reported failed to vLLM (the request is recomputed or failed, per its policy)",
     "resets": "prefix-cache resets the connector took: nothing stored before is looked up again",
+    "remote_lookups_timed_out": "asks the remote store did not answer within platforms.remote_lookup_timeout_s",
+    "remote_lookups_skipped": "remote-store asks answered as misses unasked: the store is skipped after a time-out",
 }
 FAILURE_CAUSES: dict[str, str] = {
     "missing": "LMCache returned fewer tokens than it had claimed (evicted, deleted or cut object, store down)",
@@ -84,6 +86,7 @@ class StatsRecorder:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys((*COUNTERS, *FAILED.values()), 0)
         self._timings: dict[str, deque[float]] = {name: deque(maxlen=MAX_TIMINGS) for name in TIMINGS}
+        self._seen: dict[str, int] = {}
         self.totals = dict.fromkeys((*COUNTERS, *FAILED.values()), 0)
         """Every count since the connector started (never taken: for ``doctor``-like readers and tests)."""
 
@@ -91,6 +94,15 @@ class StatsRecorder:
         with self._lock:
             self._counts[name] += value
             self.totals[name] += value
+
+    def advance(self, name: str, total: int) -> None:
+        """Count ``name`` up to ``total``, a running count kept elsewhere (what it gained since the last call)."""
+        with self._lock:
+            gained = total - self._seen.get(name, 0)
+            self._seen[name] = total
+            if gained > 0:
+                self._counts[name] += gained
+                self.totals[name] += gained
 
     def failed_load(self, cause: str) -> None:
         """One load reported failed to vLLM, for ``cause`` (a key of ``FAILURE_CAUSES``)."""
