@@ -112,3 +112,14 @@ def test_hashes_are_published_as_vllm_converts_them(monkeypatch: pytest.MonkeyPa
     hashes = request("a", 64).block_hashes
     assert external_hashes(hashes) == [maybe_convert_block_hash(h) for h in hashes]
     assert external_hashes(hashes) != [maybe_convert_block_hash(h) for h in reversed(hashes)]  # the oracle sees order
+
+
+def test_the_reports_container_keeps_what_every_worker_reported() -> None:
+    """vLLM's ``KVConnectorKVEvents`` contract, as its output aggregator and a connector's own merging use it."""
+    both, one = StoredPrefix("a", 0, 64), StoredPrefix("b", 0, 64)
+    reports = gathered([both, one], [both])
+    assert (reports.get_number_of_workers(), sorted(reports.get_all_events(), key=str)) == (2, [both, both, one])
+    assert reports.common() == [both]
+    assert reports.aggregate().get_all_events() == [both] and reports.get_number_of_workers() == 1
+    reports.clear_events()
+    assert (reports.get_all_events(), reports.common()) == ([], [])

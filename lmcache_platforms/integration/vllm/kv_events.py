@@ -153,7 +153,7 @@ class EventQueue:
         """One step's gathered worker reports: an event per tier for the hash blocks each prefix adds."""
         if not self.enabled or not isinstance(reports, StoredPrefixes):
             return
-        for report in reports.aggregate().common():
+        for report in reports.common():
             request = requests.get(report.req_id)
             if request is None:
                 logger.debug("request %s ended before its store was reported: no KV event", report.req_id)
