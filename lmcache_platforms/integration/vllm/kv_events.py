@@ -18,16 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm import envs
-from vllm.distributed.kv_events import (
-    MEDIUM_CPU,
-    MEDIUM_STORAGE,
-    AllBlocksCleared,
-    BlockStored,
-    KVCacheEvent,
-    KVConnectorKVEvents,
-)
-from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
+from vllm.distributed.kv_events import AllBlocksCleared, BlockStored, KVCacheEvent, KVConnectorKVEvents
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 
+from lmcache_platforms.integration.vllm.vllm_compat import MEDIUM_CPU, MEDIUM_STORAGE, event_extra_keys, event_fields
 from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:
@@ -111,7 +105,8 @@ def external_hashes(hashes: list[Any]) -> list[Any]:
 
 def _extra_keys(request: Request, first: int, last: int, hash_block_size: int) -> list[tuple[Any, ...] | None]:
     """Each block's extra hash keys as vLLM computes them (none without an adapter, salt or multimodal input)."""
-    if not (request.lora_request or request.cache_salt or request.mm_features or request.prompt_embeds is not None):
+    if not (request.lora_request or request.cache_salt or getattr(request, "mm_features", None)
+            or getattr(request, "prompt_embeds", None) is not None):
         return [None] * (last - first)
     keys, mm_index = [], 0
     for index in range(first, last):
@@ -125,18 +120,18 @@ def block_stored(request: Request, first: int, last: int, hash_block_size: int, 
     """vLLM's event for the request's hash blocks ``[first, last)``, as its prefix cache builds one."""
     hashes = external_hashes(request.block_hashes[max(0, first - 1):last])
     lora = request.lora_request
-    return BlockStored(
-        block_hashes=hashes[1:] if first else hashes,
-        parent_block_hash=hashes[0] if first else None,
-        token_ids=list(request.all_token_ids[first * hash_block_size:last * hash_block_size]),
-        block_size=hash_block_size,
-        lora_id=lora.adapter_id if lora else None,
-        medium=tier.medium,
-        lora_name=lora.name if lora else None,
-        extra_keys=to_event_extra_keys(_extra_keys(request, first, last, hash_block_size)),
-        locality=tier.locality,
-        session_id=getattr(request, "session_id", None),
-    )
+    return BlockStored(**event_fields(BlockStored, {
+        "block_hashes": hashes[1:] if first else hashes,
+        "parent_block_hash": hashes[0] if first else None,
+        "token_ids": list(request.all_token_ids[first * hash_block_size:last * hash_block_size]),
+        "block_size": hash_block_size,
+        "lora_id": lora.adapter_id if lora else None,
+        "medium": tier.medium,
+        "lora_name": lora.name if lora else None,
+        "extra_keys": event_extra_keys(_extra_keys(request, first, last, hash_block_size)),
+        "locality": tier.locality,
+        "session_id": getattr(request, "session_id", None),
+    }))
 
 
 class EventQueue:

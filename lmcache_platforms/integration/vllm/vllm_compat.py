@@ -30,6 +30,26 @@ def kv_events_enabled(vllm_config: Any) -> bool:
     return bool(events is not None and getattr(events, "enable_kv_cache_events", False))
 
 
+MEDIUM_CPU, MEDIUM_STORAGE = "CPU", "STORAGE"
+"""vLLM 0.32's KV-event media (``vllm.distributed.kv_events``); 0.23 names only ``GPU``."""
+
+
+def event_extra_keys(keys: list[Any]) -> list[Any] | None:
+    """Blocks' extra hash keys as vLLM publishes them: 0.32 strips their tags (``to_event_extra_keys``), 0.23
+    publishes them as computed."""
+    from vllm.v1.core import kv_cache_utils
+
+    convert = getattr(kv_cache_utils, "to_event_extra_keys", None)
+    return convert(keys) if convert is not None else (keys or None)
+
+
+def event_fields(event_class: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` less those this vLLM's event class lacks (0.23's ``BlockStored`` has no ``locality`` and no
+    ``session_id``)."""
+    known = set(getattr(event_class, "__struct_fields__", fields))
+    return {name: value for name, value in fields.items() if name in known}
+
+
 def reports_failed_loads() -> bool:
     """Whether this vLLM takes per-request load failures (``KVConnectorTransferResults.failed_recving``)."""
     from vllm.distributed.kv_transfer.kv_connector.v1 import base
