@@ -36,6 +36,8 @@ FAILURE_CAUSES: dict[str, str] = {
 }
 """Why a load failed: the ``cause`` label of ``loads_failed_total``; counted as ``failed_<cause>`` in the data."""
 FAILED = {cause: f"failed_{cause}" for cause in FAILURE_CAUSES}
+COUNTED = (*COUNTERS, *FAILED.values())
+"""Every count the data carries (summed over workers and steps)."""
 TIMINGS: dict[str, str] = {
     "store_seconds": "seconds one request's store took (LMCache's store call, copy included)",
     "load_seconds": "seconds one request's load took (LMCache's retrieve call, copy included)",
@@ -46,7 +48,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 
 def _empty() -> dict[str, Any]:
-    return {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(FAILED.values(), 0), **{name: [] for name in TIMINGS}}
+    return {**dict.fromkeys(COUNTED, 0), **{name: [] for name in TIMINGS}}
 
 
 class PlatformsConnectorStats(KVConnectorStats):
@@ -59,7 +61,7 @@ class PlatformsConnectorStats(KVConnectorStats):
         self.data = _empty()
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name in (*COUNTERS, *FAILED.values()):
+        for name in COUNTED:
             self.data[name] += other.data.get(name, 0)
         for name in TIMINGS:
             self.data[name] = [*self.data[name], *other.data.get(name, ())]
@@ -84,11 +86,11 @@ class StatsRecorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys((*COUNTERS, *FAILED.values()), 0)
+        self._counts = dict.fromkeys(COUNTED, 0)
         self._timings: dict[str, deque[float]] = {name: deque(maxlen=MAX_TIMINGS) for name in TIMINGS}
         self._seen: dict[str, int] = {}
-        self.totals = dict.fromkeys((*COUNTERS, *FAILED.values()), 0)
-        """Every count since the connector started (never taken: for ``doctor``-like readers and tests)."""
+        self.totals = dict.fromkeys(COUNTED, 0)
+        """Every count since the connector started, never reset by a take (the fault tests read it in-process)."""
 
     def count(self, name: str, value: int = 1) -> None:
         with self._lock:
