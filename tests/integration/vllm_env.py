@@ -1,4 +1,5 @@
-"""A real vLLM 0.32 config for a tiny Gemma-3-like model (config file only: nothing is run or loaded)."""
+"""A real vLLM 0.32 config for a tiny Gemma-3-like model (config file only: nothing is run or loaded), and what
+vLLM's CPU backend refuses on this machine."""
 
 from __future__ import annotations
 
@@ -55,3 +56,16 @@ def scheduler_output(new: Any = (), cached: Any = None, scheduled: dict[str, int
         num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
         scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(finished),
         free_encoder_mm_hashes=[])
+
+
+def fp8_cache_refusal() -> str | None:
+    """vLLM's own reason for refusing an fp8 KV cache on this CPU (the check its attention backend runs at engine
+    start), or None: a test skips before starting an engine or a server that would fail on it."""
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    try:
+        _get_attn_isa(torch.bfloat16, BLOCK, 64, "fp8")
+    except NotImplementedError as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,54 @@
+"""The fork server's children end as a fresh interpreter does: the same output, in the same order, and the same
+exit status, with a thread outliving the main module (joined), exit handlers (run after it), a daemon thread
+(abandoned), ``sys.exit`` and an uncaught exception."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.fork_server import clean_environment, run_script
+
+ENDINGS = {
+    "exit-3": "sys.exit(3)",
+    "exception": "raise RuntimeError('planted')",
+    "falls-off": "pass",
+}
+BODY = """
+import atexit, sys, threading, time
+def late():
+    time.sleep(0.3)
+    print("thread joined", flush=True)
+def daemon():
+    time.sleep(30)
+    print("daemon outlived the run", flush=True)
+threading.Thread(target=late).start()
+threading.Thread(target=daemon, daemon=True).start()
+atexit.register(lambda: print("atexit ran", flush=True))
+print("main done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_child_ends_as_a_fresh_interpreter_does(ending: str) -> None:
+    script = BODY + ENDINGS[ending] + "\n"
+    env = clean_environment()
+    forked = run_script(script, env, timeout=60)
+    fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert (forked.stdout, forked.returncode) == (fresh.stdout, fresh.returncode)
+    assert forked.stdout == "main done\nthread joined\natexit ran\n"
+    assert forked.returncode == {"exit-3": 3, "exception": 1, "falls-off": 0}[ending]
+    assert ("RuntimeError: planted" in forked.stderr) == (ending == "exception")
+
+
+def test_negative_control_a_run_leaving_before_its_exit_handlers_prints_less() -> None:
+    """A run that leaves by ``os._exit`` skips its thread's end and its exit handlers, in a fresh interpreter as in a
+    child: the output compared above tells that apart. The child wrote no status: the server says -1."""
+    script = "import os\n" + BODY + "sys.stdout.flush(); os._exit(0)\n"
+    forked = run_script(script, clean_environment(), timeout=60)
+    fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_environment(),
+                           timeout=60)
+    assert forked.stdout == fresh.stdout == "main done\n"
+    assert (forked.returncode, fresh.returncode) == (-1, 0)
