@@ -14,7 +14,14 @@ from lmcache_platforms.tools.redis_server import RedisServer
 from tests.ci import missing
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+
+
+@pytest.fixture(autouse=True)
+def quiet_lmcache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache's loggers made during a connector test (and its subprocesses) log warnings and up; set per test, so
+    the level does not leak into the other packages' tests, which read LMCache's INFO lines."""
+    if "LMCACHE_LOG_LEVEL" not in os.environ:
+        monkeypatch.setenv("LMCACHE_LOG_LEVEL", "WARNING")
 
 
 @pytest.fixture

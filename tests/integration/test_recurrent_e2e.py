@@ -38,7 +38,7 @@ STORED = re.compile(r"request (\S+): stored tokens \[(\d+), (\d+)\) in LMCache, 
 
 
 def run_pass(model: Path, store: Path, mode: str, job: dict) -> dict:
-    # INFO: the tests read the connector's "stored tokens" lines (another conftest may have lowered the level).
+    # INFO: the tests read the connector's "stored tokens" lines, whatever level the caller's environment sets.
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "LMCACHE_LOG_LEVEL": "INFO",
            "PYTHONPATH": str(REPO)}
     proc = run_module("tests.integration.recurrent_run", [str(model), str(store), mode], env, REPO, timeout=400,
