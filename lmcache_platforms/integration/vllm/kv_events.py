@@ -105,8 +105,7 @@ def external_hashes(hashes: list[Any]) -> list[Any]:
 
 def _extra_keys(request: Request, first: int, last: int, hash_block_size: int) -> list[tuple[Any, ...] | None]:
     """Each block's extra hash keys as vLLM computes them (none without an adapter, salt or multimodal input)."""
-    if not (request.lora_request or request.cache_salt or getattr(request, "mm_features", None)
-            or getattr(request, "prompt_embeds", None) is not None):
+    if not (request.lora_request or request.cache_salt or request.mm_features or request.prompt_embeds is not None):
         return [None] * (last - first)
     keys, mm_index = [], 0
     for index in range(first, last):
