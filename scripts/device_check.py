@@ -1,10 +1,12 @@
 """``make device-check``: on a GPU machine, the kernel contract suite and the Triton backend's speed, as JSON.
 
-Runs ``pytest tests/layout tests/kernels`` (which there includes the Triton kernel on the GPU against the torch
-oracle, ``tests/kernels/test_triton_gpu.py``) and ``lmcache-platforms bench --backend triton --json`` on the
-shipped layouts (store and load speed as multiples of a same-size copy on the same device), and prints one JSON
-object on stdout (pytest's own report goes to stderr). Exit 0 only when a GPU is present, no test failed, the
-GPU tests ran rather than skipped, and every bench ran; CI has no GPU, so this is what a user with one runs.
+Runs ``pytest tests/layout tests/kernels`` and the GPU tests (the Triton kernel on the GPU against the torch
+oracle, ``tests/kernels/test_triton_gpu.py``; the connector's path through pinned host memory,
+``tests/connector/test_binding_gpu.py``) and ``lmcache-platforms bench --backend triton --json`` on the shipped
+layouts (store and load against a same-size copy on the device, and the whole path to and from pinned host
+memory against a pinned copy each way), and prints one JSON object on stdout (pytest's own report goes to
+stderr). Exit 0 only when a GPU is present, no test failed, the GPU tests ran rather than skipped, and every
+bench ran; CI has no GPU, so this is what a user with one runs.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-SUITE = ("tests/layout", "tests/kernels")
-GPU_TESTS = "tests/kernels/test_triton_gpu.py"
+GPU_TESTS = ("tests/kernels/test_triton_gpu.py", "tests/connector/test_binding_gpu.py")
+SUITE = ("tests/layout", "tests/kernels", GPU_TESTS[1])
 LAYOUTS = ("llama8b", "deepseek-v4", "gemma3")
 
 
@@ -56,8 +58,8 @@ def run_suite() -> dict[str, Any]:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON report alone
         code = pytest.main(["-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}", *(str(ROOT / p) for p in SUITE)],
                            plugins=[outcomes])
-    gpu_ran = [n for n in outcomes.passed if n.startswith(GPU_TESTS)]
-    return {"exit_code": int(code), "passed": len(outcomes.passed), "gpu_tests_passed": len(gpu_ran),
+    gpu_ran = {path: sum(n.startswith(path) for n in outcomes.passed) for path in GPU_TESTS}
+    return {"exit_code": int(code), "passed": len(outcomes.passed), "gpu_tests_passed": gpu_ran,
             "failed": outcomes.failed, "skipped": outcomes.skipped}
 
 
@@ -81,9 +83,9 @@ def main() -> int:
         return 2
     suite = run_suite()
     bench = {layout: run_bench(layout, device) for layout in args.layouts.split(",")}
-    ok = (suite["exit_code"] == 0 and not suite["failed"] and suite["gpu_tests_passed"] > 0
+    ok = (suite["exit_code"] == 0 and not suite["failed"] and all(suite["gpu_tests_passed"].values())
           and not any(n.startswith(GPU_TESTS) for n in suite["skipped"])
-          and all("error" not in result for result in bench.values()))
+          and all("error" not in result and result["store_to_host_GBps"] for result in bench.values()))
     report = {"ok": ok, "device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
               "torch": torch.__version__, "suite": suite, "bench": bench}
     print(json.dumps(report))

@@ -112,7 +112,7 @@ class AscendBackend(KernelBackend):
         if rows == 0:
             return
         table = self._tables[direction].get(planes, device)
-        slots = slots.to(device).contiguous()
+        slots = slots.to(device, non_blocking=True).contiguous()
         ops.transfer(table, slots, buffer.reshape(-1).view(torch.uint8), rows if slots.dim() == 2 else 0,
                      direction is Direction.STORE)
 

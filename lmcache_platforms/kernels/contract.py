@@ -76,4 +76,8 @@ class KernelBackend(abc.ABC):
     def transfer(
         self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
     ) -> None:
-        """Move every row with a non-negative slot between the planes and ``buffer``; validate first."""
+        """Move every row with a non-negative slot between the planes and ``buffer``; validate first.
+
+        ``slots`` may be in host memory or on the planes' device: host slots are checked without waiting for
+        the device and copied across by the backend (what the connector passes); checking device slots reads
+        them back, a synchronisation per call."""

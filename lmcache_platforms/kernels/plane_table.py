@@ -12,6 +12,7 @@ would otherwise write past it.
 from __future__ import annotations
 
 import importlib.util
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -116,6 +117,18 @@ def build_table(planes: Sequence[Plane]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
+def address_unit(planes: Sequence[Plane]) -> int:
+    """Widest of 8/4/2/1 bytes dividing every plane's base address, strides and segment size: the widest
+    access a kernel may use on these planes (the chunk buffer's address must divide by it too)."""
+    unit = 8
+    for plane in planes:
+        g = plane.geometry
+        base = plane.allocation_address() + plane.offset
+        for value in (base, g.block_stride, g.row_stride, g.segment_bytes, g.segment_stride):
+            unit = math.gcd(unit, value)
+    return unit
+
+
 @dataclass(frozen=True)
 class PlaneTable:
     """A plane tuple's kernel table plus what a quick validation of a call against it needs."""
@@ -125,6 +138,8 @@ class PlaneTable:
     row_bytes: int  # chunk-buffer bytes per row, all planes together
     capacities: torch.Tensor  # int64 [P]: slots of each plane
     min_capacity: int
+    address_unit: int  # ``address_unit(planes)``
+    widest_row: int  # bytes of the widest plane row
 
     def validate(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor) -> None:
         """``validate_transfer`` for these planes, with the common (valid) case checked in a few tensor ops.
@@ -152,6 +167,11 @@ class PlaneTable:
         return bool((slots.max(dim=1).values.cpu() < self.capacities).all())
 
 
+# ``TableCache.entry``'s device for a table on the planes' own device: a backend's hot path then needs no pass
+# over the planes to find it (60 planes cost tens of microseconds per launch, more than the launch itself).
+ON_PLANES = "planes"
+
+
 class TableCache:
     """An LRU of tables keyed by the planes and the address of each plane's allocation.
 
@@ -173,8 +193,9 @@ class TableCache:
         """The int64 ``[P, len(FIELDS)]`` table tensor of ``planes`` on ``device`` (CPU when None)."""
         return self.entry(planes, device).table
 
-    def entry(self, planes: Sequence[Plane], device: torch.device | None = None) -> PlaneTable:
-        """The table of ``planes`` (tensor on ``device``, CPU when None) with its quick validation."""
+    def entry(self, planes: Sequence[Plane], device: torch.device | str | None = None) -> PlaneTable:
+        """The table of ``planes`` (tensor on ``device``, on the planes' own device for ``ON_PLANES``, CPU when
+        None) with its quick validation."""
         fast_key = (id(planes), str(device))
         with self._lock:
             hit = self._recent.get(fast_key)
@@ -189,11 +210,13 @@ class TableCache:
             tensor = build_table(planes)
             capacities = torch.tensor([p.geometry.num_slots for p in planes], dtype=torch.int64)
             table = PlaneTable(
-                table=tensor if device is None else tensor.to(device),
+                table=tensor if device is None else tensor.to(plane_device(planes) if device == ON_PLANES else device),
                 device=plane_device(planes),
                 row_bytes=buffer_bytes(planes, 1),
                 capacities=capacities,
                 min_capacity=int(capacities.min()),
+                address_unit=address_unit(planes),
+                widest_row=max(p.row_bytes for p in planes),
             )
         with self._lock:
             self._remember(self._tables, key, table)

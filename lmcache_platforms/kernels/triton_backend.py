@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import FIELD, FIELDS, TableCache, plane_device
+from lmcache_platforms.kernels.plane_table import FIELD, FIELDS, ON_PLANES, TableCache, address_unit
 from lmcache_platforms.layout.plane import Plane
 
 GPU_DEVICES = ("cuda", "xpu")
@@ -99,9 +99,10 @@ def _kernel():
     return transfer_kernel, tl
 
 
+@functools.cache
 def launch_constants(unit: int, direction: Direction, block: int) -> dict[str, object]:
     """The constexpr arguments of one launch, i.e. what the kernel is compiled for (shared with the
-    ahead-of-time compile tests, so they compile exactly what a launch runs)."""
+    ahead-of-time compile tests, so they compile exactly what a launch runs); made once per combination."""
     _, tl = _kernel()
     return {
         "FIELD_COUNT": len(FIELDS),
@@ -115,13 +116,15 @@ def launch_constants(unit: int, direction: Direction, block: int) -> dict[str, o
 
 def transfer_unit(planes: Sequence[Plane], buffer_address: int) -> int:
     """Widest of 8/4/2/1 bytes dividing every address, stride and size the kernel touches."""
-    unit = 8
-    for plane in planes:
-        g = plane.geometry
-        base = plane.allocation_address() + plane.offset
-        for value in (base, g.block_stride, g.row_stride, g.segment_bytes, g.segment_stride):
-            unit = math.gcd(unit, value)
-    return math.gcd(unit, buffer_address)
+    return math.gcd(address_unit(planes), buffer_address)
+
+
+def _unsupported_devices(devices: set[str]) -> str | None:
+    """Why planes on these device types cannot be moved here, or None."""
+    allowed = {*GPU_DEVICES, "cpu"} if interpreting() else set(GPU_DEVICES)
+    if devices - allowed:
+        return f"planes on {sorted(devices)}, triton here moves {sorted(allowed)} memory"
+    return None
 
 
 class TritonBackend(KernelBackend):
@@ -145,32 +148,29 @@ class TritonBackend(KernelBackend):
         return False, "no CUDA or XPU device (set TRITON_INTERPRET=1 to run on CPU)"
 
     def unsupported(self, planes: Sequence[Plane]) -> str | None:
-        devices = {p.storage.device.type for p in planes if p.storage is not None}
-        allowed = {*GPU_DEVICES, "cpu"} if interpreting() else set(GPU_DEVICES)
-        if devices - allowed:
-            return f"planes on {sorted(devices)}, triton here moves {sorted(allowed)} memory"
-        return None
+        return _unsupported_devices({p.storage.device.type for p in planes if p.storage is not None})
 
     def transfer(
         self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
     ) -> None:
         if not planes:
             validate_transfer(planes, slots, buffer)
-        device = plane_device(planes)
-        reason = self.unsupported(planes)
+        entry = self._tables[direction].entry(planes, ON_PLANES)
+        device = entry.device
+        reason = _unsupported_devices({device.type})
         if reason:
             raise TransferError(reason)
         if buffer.device != device:
             raise TransferError(f"the triton backend needs the buffer on {device}, got {buffer.device}")
-        entry = self._tables[direction].entry(planes, device)
         entry.validate(planes, slots, buffer)
         rows = slots.shape[-1]
         if rows == 0:
             return
         kernel, _ = _kernel()
-        slots = slots.to(device).contiguous()
-        unit = transfer_unit(planes, buffer.data_ptr())
-        widest = max(p.row_bytes for p in planes) // unit
+        # Slots on the host (as the connector passes them) were checked there and cross without a device sync.
+        slots = slots.to(device, non_blocking=True).contiguous()
+        unit = math.gcd(entry.address_unit, buffer.data_ptr())
+        widest = entry.widest_row // unit
         block = min(self.block, 1 << max(0, (widest - 1).bit_length()))
         grid = (rows, len(planes), -(-widest // block))
         kernel[grid](

@@ -1,0 +1,59 @@
+"""The connector's transfer path on a GPU, as it runs under LMCache: the kernel into a device scratch buffer on the
+transfer stream, one copy per chunk to pinned host memory (LMCache's MemoryObjs), and back; bit-exact with the
+stored rows, nothing else written. What ``make device-check`` adds to the kernel tests; CI has no GPU and skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcache_platforms.connector.binding import LayoutBinding
+from lmcache_platforms.connector.chunk_format import paged_format
+from lmcache_platforms.layout.files import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.fixtures import materialize
+from tests.kernels.test_triton_gpu import DEVICE, NO_GPU
+
+pytestmark = pytest.mark.skipif(DEVICE is None, reason=NO_GPU)
+
+
+def _store_and_load(layout_name: str, mode: str, plant_fault: bool) -> roundtrip.Verdict:
+    assert DEVICE is not None
+    spec = load_layout_spec(layout_name)
+    layout = materialize(spec, mode, device=DEVICE, seed=1)
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], "triton")
+    assert binding.scratch, "a GPU layout is staged through device scratch buffers"
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=2)
+    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
+    starts, ends = zip(*bounds, strict=True)
+    hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8, pin_memory=True) for _ in bounds]
+    with binding.streams.storing():
+        for host, slots in zip(hosts, binding.slots_per_chunk(fmt, request.store_ids, starts, ends), strict=True):
+            binding.store(fmt, host, slots)
+    binding.streams.finish_store()
+    stored = roundtrip.snapshot(layout, request)
+    if plant_fault:
+        hosts[-1][fmt.payload_bytes // 2] ^= 0xFF
+    roundtrip.zero_planes(layout)
+    with binding.streams.loading():
+        for host, slots in zip(hosts, binding.slots_per_chunk(fmt, request.load_ids, starts, ends), strict=True):
+            binding.load(fmt, host, slots)
+    binding.streams.finish_load()
+    assert binding.backend_names == ["triton"]
+    return roundtrip.verify(layout, request, stored, request.stored_tokens)
+
+
+@pytest.mark.parametrize("mode", ["bundled", "exploded"])
+@pytest.mark.parametrize("layout_name", ["llama", "gemma3", "deepseek-v4-small", "qwen3-next", "mla-int8"])
+def test_chunks_through_pinned_host_memory_come_back_bit_exact(layout_name, mode):
+    verdict = _store_and_load(layout_name, mode, plant_fault=False)
+    assert verdict.bit_exact, verdict.problems
+    assert verdict.rows_checked > 0
+
+
+def test_negative_control_one_flipped_host_byte_is_seen():
+    verdict = _store_and_load("gemma3", "bundled", plant_fault=True)
+    assert not verdict.bit_exact
+    assert verdict.mismatched_rows == 1, verdict.problems
