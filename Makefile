@@ -12,7 +12,7 @@ TEST_ENV := PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false OMP_WAIT_POLICY=PASSIVE
 # servers that start single-threaded); `make test PYTEST_WORKERS=` runs in one process.
 PYTEST_WORKERS ?= -n 2 --no-loadscope-reorder
 
-.PHONY: setup test device-check demo lint clean
+.PHONY: setup test device-check mutation demo lint clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,14 @@ test: setup
 device-check: setup
 	$(TEST_ENV) $(PY) scripts/device_check.py
 
+# Mutation testing (not in CI; minutes): mutmut mutates the modules pyproject.toml's [tool.mutmut] names and runs
+# the tests covering each mutant; docs/mutation.md holds the last score and why each survivor is equivalent.
+MUTMUT := mutmut==3.8.1
+mutation: setup
+	$(PY) -m pip install -q $(MUTMUT)
+	rm -rf mutants
+	$(TEST_ENV) OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2; status=$$?; $(VENV)/bin/mutmut results; exit $$status
+
 demo: setup
 	$(VENV)/bin/lmcache-platforms demo
 
@@ -40,4 +48,4 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) build *.egg-info lmcache_platforms/kernels/*.so
+	rm -rf $(VENV) build *.egg-info lmcache_platforms/kernels/*.so mutants

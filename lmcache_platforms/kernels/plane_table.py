@@ -198,8 +198,10 @@ class TableCache:
         None) with its quick validation."""
         fast_key = (id(planes), str(device))
         with self._lock:
+            # Only tuples are remembered by identity, and each is held with its entry: while it is, no other
+            # object has its id, and its planes cannot change.
             hit = self._recent.get(fast_key)
-            if hit is not None and hit[0] is planes and isinstance(planes, tuple):
+            if hit is not None:
                 return hit[1]
         key = (tuple(planes), tuple(p.allocation_address() for p in planes), str(device))
         with self._lock:

@@ -59,6 +59,9 @@ def check_refusals(backend: KernelBackend) -> None:
         (good, buffer_bytes(planes, 2) - 1, "chunk buffer holds 31 bytes, 2 rows of these planes need 32"),
         (good.to(torch.int32), buffer_bytes(planes, 2), "slots must be int64"),
         (torch.tensor([[0, 1]]), buffer_bytes(planes, 2), "slots has 1 rows for 2 planes"),
+        (torch.tensor([[0, 1], [2, 8]]), buffer_bytes(planes, 2), "slot 8 is beyond plane 'v'"),
+        (torch.zeros((2, 1, 2), dtype=torch.int64), buffer_bytes(planes, 2),
+         r"slots must be \[R\] or \[P, R\], got shape \(2, 1, 2\)"),
     ]
     for slots, size, message in cases:
         for direction in Direction:
@@ -68,6 +71,11 @@ def check_refusals(backend: KernelBackend) -> None:
                 backend.transfer(planes, slots, buffer, direction)
             assert torch.equal(planes[0].storage, before)
             assert bool((buffer == 0xAB).all())
+    strided = torch.full((2 * buffer_bytes(planes, 2),), 0xAB, dtype=torch.uint8)[::2]
+    for direction in Direction:
+        with pytest.raises(TransferError, match="the chunk buffer must be contiguous"):
+            backend.transfer(planes, good, strided, direction)
+        assert bool((strided == 0xAB).all())
     too_long = dataclasses.replace(planes[1], geometry=dataclasses.replace(planes[1].geometry, num_blocks=5))
     for direction in Direction:
         with pytest.raises(TransferError, match="plane 'v' of layer 'l0' reaches byte 144 of an allocation of 128"):
