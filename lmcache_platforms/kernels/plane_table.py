@@ -211,9 +211,11 @@ class TableCache:
         if table is None:
             tensor = build_table(planes)
             capacities = torch.tensor([p.geometry.num_slots for p in planes], dtype=torch.int64)
+            own_device = plane_device(planes)
+            target = own_device if device == ON_PLANES else device
             table = PlaneTable(
-                table=tensor if device is None else tensor.to(plane_device(planes) if device == ON_PLANES else device),
-                device=plane_device(planes),
+                table=tensor if target is None else tensor.to(target),
+                device=own_device,
                 row_bytes=buffer_bytes(planes, 1),
                 capacities=capacities,
                 min_capacity=int(capacities.min()),
