@@ -35,7 +35,7 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
                  "integration/vllm/ascend_registration.py"),
     # vLLM's connector base class: our engine impl reads the parent's per-step metadata and cache config.
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_get_connector_metadata",
-                 _IMPL + "worker_side.py"),
+                 _IMPL + "worker_loads.py"),
     UpstreamName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1", "_kv_cache_config",
                  _IMPL + "vllm_compat.py", instance=True),
     # vLLM's CPU attention backend: which kernel ISA (hence cache layout) it picks, for layers not recording it.
@@ -52,7 +52,7 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         ("_manager", "engine_impl.py"), ("_lmcache_chunk_size", "lifecycle.py"),
         ("_discard_partial_chunks", "scheduler_side.py"), ("_request_trackers", "scheduler_side.py"),
         ("_unfinished_requests", "scheduler_side.py"), ("_requests_priority", "scheduler_side.py"),
-        ("_invalid_block_ids", "worker_side.py"), ("_stats_monitor", "worker_side.py"))),
+        ("_invalid_block_ids", "worker_loads.py"), ("_stats_monitor", "worker_loads.py"))),
     # LMCache's manager: its silent "degraded mode" flag and reason.
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed", "integration/vllm/health.py", instance=True),
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed_reason", "integration/vllm/health.py",

@@ -27,7 +27,7 @@ WRITE_FAILED = re.compile(r"LMCache load of (\d+) tokens failed: (.*)")
 
 def failed_loads(log: list[str]) -> list[str]:
     """Our connector's ERROR lines that report one request's load failed (one line per failed load)."""
-    return [line for line in log if line.startswith("ERROR lmcache_platforms.integration.vllm.worker_side")
+    return [line for line in log if line.startswith("ERROR lmcache_platforms.integration.vllm.worker_loads")
             and (SHORT_LOAD.search(line) or WRITE_FAILED.search(line))]
 
 

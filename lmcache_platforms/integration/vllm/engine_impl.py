@@ -19,13 +19,14 @@ failed-block reporting. Rules on top of upstream's:
     bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
   - LMCache's ``use_layerwise`` is taken over: the engine stays paged (same chunk objects, hits across modes)
     and the worker side stores each layer as the forward writes it and loads a same-step hit layer by layer
-    ahead of the forward (``worker_side``, ``connector.layer_gate``);
+    ahead of the forward (``worker_side``, ``worker_loads``, ``connector.layer_gate``);
   - vLLM 0.33 sleep mode: between ``unregister_kv_caches`` and ``restore_kv_caches`` nothing of ours touches
     the KV tensors (a save is skipped, a load reported failed), and restore checks they did not move.
 
-The work is split by the side that runs it, combined here: ``scheduler_side.py``, ``worker_side.py`` and
-``lifecycle.py`` (registering the caches, sleep mode, reset, shutdown), over the state they share
-(``impl_state.py``). Catalog and activation replace upstream's impl by this module's class, by name.
+The work is split by the side that runs it, combined here: ``scheduler_side.py``, ``worker_side.py`` (its
+saves, over ``worker_loads.py``) and ``lifecycle.py`` (registering the caches, sleep mode, reset, shutdown),
+over the state they share (``impl_state.py``). Catalog and activation replace upstream's impl by this module's
+class, by name.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """What the sides of our engine impl share: the group plan, settings, layout, sleep state, loads and statistics.
 
 ``MultiGroupConnectorImpl`` (``engine_impl.py``) combines three parts over this base, each in its own module:
-``scheduler_side.py`` (lookups, allocation, per-step metadata), ``worker_side.py`` (loads and saves) and
-``lifecycle.py`` (registering the KV caches, sleep mode, reset, shutdown). The scheduler and worker parts never
-import each other (an import-linter contract in ``pyproject.toml``); what both need lives here, set once in
-``_init_connector_state``, and each part adds its own state in its own override of that method.
+``scheduler_side.py`` (lookups, allocation, per-step metadata), ``worker_side.py`` (saves, over the loads of
+``worker_loads.py``) and ``lifecycle.py`` (registering the KV caches, sleep mode, reset, shutdown). The
+scheduler and worker parts never import each other (import-linter contracts in ``pyproject.toml``); what both
+need lives here, set once in ``_init_connector_state``, and each part adds its own state in its own override of
+that method.
 
 Import order: this module subclasses upstream's ``LMCacheConnectorV1Impl``, and importing upstream's adapter
 fires our patch of that name, which imports ``engine_impl``. Import the adapter first (the connector does).
@@ -86,7 +87,8 @@ class ImplState(LMCacheConnectorV1Impl):
 
         ``use_layerwise`` is taken over here: LMCache's own layerwise mode keys and stores every layer apart
         (and its per-layer calls carry no per-group block ids), so the engine is built paged and our worker side
-        moves the paged chunk objects layer by layer instead (``worker_side``): chunks stay hits across modes.
+        moves the paged chunk objects layer by layer instead (``worker_loads``, ``worker_side``): chunks stay hits
+        across modes.
         LMCache's config is one object per process (scheduler and worker share it in-process), so the request is
         kept on it under our own name for the impl built second."""
         super()._apply_extra_config(config, vllm_config)
