@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def collect() -> dict[str, Any]:
     """Everything doctor reports, as one JSON-ready dict."""
     import lmcache_platforms
+    from lmcache_platforms.connector.instance_adapter import INSTANCE_CHANGES
     from lmcache_platforms.kernels.registry import describe_backends, preferred_backend
     from lmcache_platforms.patching.versions import installed_version
     from lmcache_platforms.platforms.detect import describe_platforms
@@ -68,6 +69,8 @@ def collect() -> dict[str, Any]:
         "kernel_backends": describe_backends(),
         "patches": [{"target": p["target"], "applied": p["applied"], "detail": f"{p['state']}: {p['detail']}"}
                     for p in state["patches"]],
+        "instance_changes": [{"target": f"{change.target}.{method}", "when": change.when, "why": change.why}
+                             for change in INSTANCE_CHANGES for method in change.methods],
         "connectors": state["connectors"],
         "upstream_adapter": adapter_in_effect(state["patches"]) if state["activated"] else "upstream's (not activated)",
         "engines": state["engines"],
@@ -96,6 +99,8 @@ def _print_table(report: dict[str, Any]) -> None:
         print(f"kernels  {b['name']:7s} {'yes' if b['available'] else 'no ':3s}  {b['reason']}")
     for p in report["patches"]:
         print(f"patch    {p['target']}  {p['detail']}")
+    for c in report["instance_changes"]:
+        print(f"instance {c['target']}  when {c['when']}: {c['why']}")
     print(f"vLLM connectors: {report['connectors']}")
     print(f"upstream adapter: {report['upstream_adapter']}")
     engines = report["engines"] or [{"role": "-", "stage": "-", "degraded": False, "reason": "none in this process"}]

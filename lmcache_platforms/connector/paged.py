@@ -19,7 +19,7 @@ from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.checksum import format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
-from lmcache_platforms.connector.chunk_metadata import describe_chunks
+from lmcache_platforms.connector.instance_adapter import describe_chunks
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.parts import current_part
 from lmcache_platforms.connector.request import LAYER_GATE, block_ids_from, check_chunk, run_guarded
@@ -48,7 +48,8 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         """Attach the KV caches' layout: chunk format, kernels, streams; teach the metadata our chunk shape.
 
         With ``split``, a layout with window or snapshot groups beside full attention stores each chunk as
-        one object per part (``connector.parts``); the engine's calls must then go through ``install_parts``.
+        one object per part (``connector.parts``); the engine must then be adapted to them
+        (``instance_adapter.adapt_engine``).
         """
         fmt = paged_format(layout)
         parts = chunk_parts(layout) if split else ()
@@ -75,8 +76,8 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             return self.fmt
         index = current_part()
         if index is None:
-            raise TransferError("this layout stores chunks in parts: call the engine's store/retrieve as wrapped "
-                                "by connector.parts.install_parts")
+            raise TransferError("this layout stores chunks in parts: call the engine's store/retrieve as "
+                                "connector.instance_adapter.adapt_engine wraps them")
         return self.part_formats[index]
 
     def _counts_chunks(self) -> bool:

@@ -3,8 +3,8 @@
 LMCache's engine knows one object per chunk key. A layout with window or snapshot groups beside full attention
 stores each chunk as several objects instead, one per part, told apart by the ``lmcache.tag.lmcp_part``
 request config (LMCache puts ``lmcache.tag.*`` entries into its keys), so every tier (local CPU, local disk,
-remote) holds, evicts and returns them independently. ``install_parts`` wraps one engine instance's
-``store``, ``retrieve`` and ``lookup``:
+remote) holds, evicts and returns them independently. ``parts_methods`` wraps one engine instance's
+``store``, ``retrieve`` and ``lookup`` (``instance_adapter`` installs them):
 
 - ``store`` stores every part of every chunk (any chunk may end a later hit): the same bytes as one object;
   given ``state_ends``, a part carrying a snapshot group only for the chunks ending there (a recurrent state
@@ -38,7 +38,6 @@ from lmcache_platforms.log import init_logger
 logger = init_logger(__name__)
 
 PART_TAG = "lmcache.tag.lmcp_part"
-_MARK = "_lmcache_platforms_parts"
 
 _active: ContextVar[int | None] = ContextVar("lmcache_platforms_chunk_part", default=None)
 
@@ -63,14 +62,13 @@ def part_configs(request_configs: Mapping[str, Any] | None, part: ChunkPart) -> 
     return {**(request_configs or {}), PART_TAG: part.name}
 
 
-def install_parts(engine: Any, parts: Sequence[ChunkPart], chunk_size: int) -> None:
-    """Make ``engine``'s store, retrieve and lookup move ``parts`` (idempotent: re-installing replaces)."""
-    for name, wrapper in (("store", _store), ("retrieve", _retrieve), ("lookup", _lookup)):
-        method = getattr(engine, name)
-        original = method.__wrapped__ if hasattr(method, _MARK) else method
-        call = functools.wraps(original)(functools.partial(wrapper, original, engine, tuple(parts), chunk_size))
-        setattr(call, _MARK, True)
-        setattr(engine, name, call)
+def parts_methods(engine: Any, methods: Mapping[str, Callable[..., Any]], parts: Sequence[ChunkPart],
+                  chunk_size: int) -> dict[str, Callable[..., Any]]:
+    """``engine``'s store, retrieve and lookup (as ``methods`` has them) made to move ``parts``; installed by
+    ``instance_adapter.adapt_engine``."""
+    bound = tuple(parts)
+    return {name: functools.wraps(methods[name])(functools.partial(wrapper, methods[name], engine, bound, chunk_size))
+            for name, wrapper in (("store", _store), ("retrieve", _retrieve), ("lookup", _lookup))}
 
 
 def _store(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,

@@ -2,19 +2,19 @@
 
 The GPU connector checks every object of a batch before it writes any byte into the KV cache; if one fails,
 it writes nothing and calls ``report_corrupt``. It does not know the objects' keys (LMCache hands it bare
-MemoryObjs), so ``install_verified_retrieve`` wraps the engine instance's ``retrieve``: a call that met a
+MemoryObjs), so ``verified_retrieve`` wraps the engine instance's ``retrieve``: a call that met a
 corrupt object returns an all-false mask (no token arrived: vLLM's integration reports the load failed and
 recomputes), logs each bad object with its key, and removes it from every LMCache tier so the next lookup
 misses instead of failing again. Outside that wrapper (layerwise loads, a caller of the bare engine) a
 mismatch raises ``ChecksumMismatch``: still nothing written, never silently loaded.
 
-Install it before ``connector.parts.install_parts``: each part's retrieve must go through it.
+``instance_adapter.adapt_engine`` installs it innermost: each part's retrieve goes through it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -24,8 +24,6 @@ from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
-
-_MARK = "_lmcache_platforms_verified"
 
 # The chunks ``[start, end)`` the current retrieve found corrupt; None outside a wrapped retrieve.
 _corrupt: ContextVar[list[tuple[int, int]] | None] = ContextVar("lmcache_platforms_corrupt", default=None)
@@ -44,14 +42,9 @@ def report_corrupt(bounds: Sequence[tuple[int, int]]) -> None:
     found.extend(bounds)
 
 
-def install_verified_retrieve(engine: Any) -> None:
-    """Make ``engine.retrieve`` report and remove corrupt objects (idempotent)."""
-    if hasattr(engine.retrieve, _MARK):
-        return
-    original = engine.retrieve
-    call = functools.wraps(original)(functools.partial(_retrieve, original, engine))
-    setattr(call, _MARK, True)
-    engine.retrieve = call
+def verified_retrieve(original: Callable[..., Any], engine: Any) -> Callable[..., Any]:
+    """``engine``'s retrieve (``original``) made to report and remove corrupt objects."""
+    return functools.wraps(original)(functools.partial(_retrieve, original, engine))
 
 
 def _retrieve(original: Any, engine: Any, tokens: Any, mask: torch.Tensor | None = None,

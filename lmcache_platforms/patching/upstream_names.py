@@ -60,12 +60,12 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # LMCache's device ops: our NPU ops subclass binds LMCache-Ascend's kernels once, under upstream's guard.
     UpstreamName("lmcache.v1.platform.base.device_ops:DeviceOps", "_native_bound", "lmcache_platforms_npu_device.py",
                  instance=True),
-    # LMCache instances whose public methods we replace on the instance.
-    *(UpstreamName("lmcache.v1.metadata:LMCacheMetadata", name, "connector/chunk_metadata.py")
+    # LMCache instances whose public methods we replace on the instance (connector/instance_adapter.py declares
+    # each change, when and why).
+    *(UpstreamName("lmcache.v1.metadata:LMCacheMetadata", name, "connector/instance_adapter.py")
       for name in ("get_shapes", "get_dtypes", "get_num_groups")),
-    *(UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", name, "integration/vllm/key_tags.py")
-      for name in ("lookup", "async_lookup_and_prefetch")),
-    UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", "retrieve", "connector/verified_loads.py"),
+    *(UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", name, "connector/instance_adapter.py")
+      for name in ("store", "retrieve", "lookup", "async_lookup_and_prefetch")),
     # The standard library's private hooks.
     UpstreamName("threading", "_register_atexit", "integration/vllm/exit_shutdown.py"),
     UpstreamName("sys", "_getframe", "__init__.py"),

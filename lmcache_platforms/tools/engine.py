@@ -76,9 +76,9 @@ class LayoutEngine:
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
         from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
+        from lmcache_platforms.connector.instance_adapter import adapt_engine
         from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
         from lmcache_platforms.connector.paged import LayoutGPUConnector
-        from lmcache_platforms.connector.verified_loads import install_verified_retrieve
 
         self.layout = layout
         self.layerwise = layerwise
@@ -92,7 +92,7 @@ class LayoutEngine:
         self.engine = LMCacheEngineBuilder.get_or_create(self.instance_id, config, self.metadata,
                                                          self.connector, None, None)
         self.engine.post_init()
-        install_verified_retrieve(self.engine)
+        adapt_engine(self.engine)
 
     @property
     def tags(self) -> dict[str, str]:

@@ -33,6 +33,12 @@ def test_json_report_has_the_documented_keys():
     assert all(set(p) == {"target", "applied", "detail"} for p in report["patches"])
     assert report["connectors"] == {"state": "registered", "names": ["LMCachePlatformsConnector"]}
     assert report["upstream_adapter"] == "ours: upstream connector names run lmcache_platforms' engine impl"
+    engine = "lmcache.v1.cache_engine:LMCacheEngine."
+    assert [c["target"] for c in report["instance_changes"]] == [
+        *(f"lmcache.v1.metadata:LMCacheMetadata.{m}" for m in ("get_shapes", "get_dtypes", "get_num_groups")),
+        engine + "retrieve", engine + "store", engine + "retrieve", engine + "lookup", engine + "lookup",
+        engine + "async_lookup_and_prefetch"]
+    assert all(set(c) == {"target", "when", "why"} and c["when"] and c["why"] for c in report["instance_changes"])
 
 
 def test_kept_upstream_adapter_is_reported_and_left_in_place():

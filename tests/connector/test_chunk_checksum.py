@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.checksum import TRAILER_BYTES
-from lmcache_platforms.connector.parts import install_parts, part_configs
+from lmcache_platforms.connector.instance_adapter import adapt_engine
+from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.connector.verified_loads import ChecksumMismatch
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
@@ -191,7 +192,7 @@ def test_each_chunk_part_carries_its_own_checksum(part: str, chunk: int, hit_chu
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
     with LayoutEngine(layout, storage) as engine:
         engine.connector.bind(layout, split=True)
-        install_parts(engine.engine, engine.connector.parts, layout.chunk_size)
+        adapt_engine(engine.engine, engine.connector.parts, layout.chunk_size)
         engine.store(request.tokens, request.store_ids)
         chosen = next(p for p in engine.connector.parts if p.name == part)
         key = _chunk_keys(engine, request.tokens, part_configs(engine.tags, chosen))[chunk]

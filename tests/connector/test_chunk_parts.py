@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.parts import install_parts, part_configs, store_chunks_ending_at
+from lmcache_platforms.connector.instance_adapter import adapt_engine
+from lmcache_platforms.connector.parts import part_configs, store_chunks_ending_at
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
@@ -29,7 +30,7 @@ def parted():
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
     with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
         engine.connector.bind(layout, split=True)
-        install_parts(engine.engine, engine.connector.parts, layout.chunk_size)
+        adapt_engine(engine.engine, engine.connector.parts, layout.chunk_size)
         stored = roundtrip.snapshot(layout, request)
         engine.store(request.tokens, request.store_ids)
         yield engine, request, stored
@@ -126,7 +127,7 @@ def test_state_parts_are_stored_only_where_the_caller_kept_a_state() -> None:
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * chunk))
     with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
         engine.connector.bind(layout, split=True)
-        install_parts(engine.engine, engine.connector.parts, chunk)
+        adapt_engine(engine.engine, engine.connector.parts, chunk)
         assert [p.snapshots for p in engine.connector.parts] == [False, True]
         stored = roundtrip.snapshot(layout, request)
         engine.engine.store(torch.tensor(request.tokens), block_ids=request.store_ids, request_configs=engine.tags,

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.parts import install_parts, part_configs
+from lmcache_platforms.connector.instance_adapter import adapt_engine
+from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.tools import roundtrip
@@ -40,7 +41,7 @@ def cluster(tmp_path: Path, closable_remote_backends: None) -> Iterator[RedisClu
 def _parted(engine: LayoutEngine) -> LayoutEngine:
     """Chunks stored and loaded in parts, as the vLLM engine impl sets it up for a window model."""
     engine.connector.bind(engine.layout, split=True)
-    install_parts(engine.engine, engine.connector.parts, engine.layout.chunk_size)
+    adapt_engine(engine.engine, engine.connector.parts, engine.layout.chunk_size)
     return engine
 
 

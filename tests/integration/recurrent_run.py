@@ -73,8 +73,8 @@ def plant_early_states(chunk: int) -> None:
 
 def evict_states(impl, prompt: list[int], ends: list[int]) -> int:
     """Remove the state parts of ``prompt``'s chunks ending at ``ends`` from every tier; how many went."""
+    from lmcache_platforms.connector.instance_adapter import with_tags
     from lmcache_platforms.connector.parts import part_configs
-    from lmcache_platforms.integration.vllm.key_tags import with_tags
     from lmcache_platforms.integration.vllm.pending_writes import drain_writes
     from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 

@@ -134,8 +134,8 @@ class Run:
         """LMCache's keys of a prompt's whole chunks, tagged as our connector tags every store and load of a
         request without adapter or salt (of the full-attention part, which every hit needs, when chunks are
         stored in parts)."""
+        from lmcache_platforms.connector.instance_adapter import with_tags
         from lmcache_platforms.connector.parts import part_configs
-        from lmcache_platforms.integration.vllm.key_tags import with_tags
         from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope
 
         impl = self.impl

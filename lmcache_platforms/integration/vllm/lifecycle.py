@@ -16,12 +16,10 @@ import torch
 
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layout_fingerprint, paged_format
-from lmcache_platforms.connector.parts import install_parts
+from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.protocol import LayoutConnector
-from lmcache_platforms.connector.verified_loads import install_verified_retrieve
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.impl_state import ImplState
-from lmcache_platforms.integration.vllm.key_tags import tag_engine_lookups
 from lmcache_platforms.integration.vllm.model_identity import MODEL_TAG
 from lmcache_platforms.integration.vllm.pending_writes import drain_writes
 from lmcache_platforms.integration.vllm.registered_layout import build_layout, cache_dtype_tags, vllm_hint_for
@@ -131,11 +129,8 @@ class Lifecycle(ImplState):
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
         binding = _bind(connector, self.layout, self._split_chunks())
-        install_verified_retrieve(engine)
-        if connector.parts:
-            install_parts(engine, connector.parts, self._lmcache_chunk_size)
         self._key_tags = {**binding.key_tags, **cache_dtype_tags(self._vllm_config), MODEL_TAG: self.model.tag}
-        tag_engine_lookups(engine, self._key_tags)
+        adapt_engine(engine, connector.parts, self._lmcache_chunk_size, self._key_tags)
 
     def _split_chunks(self) -> bool:
         """Chunk parts (``connector.parts``) unless the setting says whole, LMCache's async loading is on (its

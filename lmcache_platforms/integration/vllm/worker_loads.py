@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.request import LAYER_GATE
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults, StartedLoad
 from lmcache_platforms.integration.vllm.impl_state import ImplState
-from lmcache_platforms.integration.vllm.key_tags import with_tags
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
 from lmcache_platforms.log import init_logger
 
