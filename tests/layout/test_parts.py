@@ -3,9 +3,11 @@ model reads after the hit, and the lookup rule (``longest_hit``) against a brute
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lmcache_platforms.layout import LayoutError, load_layout_spec
 from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.parts import chunk_ends, chunk_parts, group_reach, longest_hit, needed_chunks, needs_chunk
 from lmcache_platforms.layout.slots import chunk_rows
@@ -28,6 +30,13 @@ def test_parts_split_the_chunk_without_adding_or_losing_a_byte(spec) -> None:
     assert [p.index for p in parts] == list(range(len(parts)))
     if None in reaches:
         assert parts[0].reach is None  # full attention first: its chunks decide how long a hit can be
+    windows = [p.reach for p in parts if p.reach is not None]
+    assert windows == sorted(windows, reverse=True)  # then the widest reach first
+    for part in parts:
+        groups = [layout.group(layout.transfer_groups[t].group) for t in part.transfer_groups]
+        assert {group_reach(g) for g in groups} == {part.reach}
+        assert part.name == ("all" if part.reach is None else f"reach{part.reach}")
+        assert part.snapshots == any(g.snapshots for g in groups)
 
 
 def brute_needed_rows(group: KVGroup, hit: int) -> set[int]:
@@ -96,3 +105,47 @@ def test_an_evicted_early_window_chunk_does_not_cost_the_hit() -> None:
     assert longest_hit([(None, [True] * 4), (512, [True, True, False, True])], ends) == 512
     # A missing full part ends the hit there, whatever the window parts hold.
     assert longest_hit([(None, [True, False, True, True]), (512, [True] * 4)], ends) == 256
+
+
+@pytest.mark.parametrize(("name", "parts"), [
+    ("gemma3", [(0, "all", None, (0,), False), (1, "reach32", 32, (1,), False)]),
+    ("deepseek-v4", [(0, "all", None, (1, 2), False), (1, "reach128", 128, (0,), False)]),
+    ("qwen3-next", [(0, "all", None, (3,), False), (1, "reach1", 1, (0, 1, 2), True)]),
+    ("llama", [(0, "all", None, (0,), False)]),
+])
+def test_the_shipped_layouts_parts(name: str, parts: list[tuple]) -> None:
+    got = chunk_parts(plan(load_layout_spec(name)))
+    assert [(p.index, p.name, p.reach, p.transfer_groups, p.snapshots) for p in got] == parts
+
+
+def test_a_groups_reach() -> None:
+    assert group_reach(KVGroup(0, block_size=16)) is None
+    assert group_reach(KVGroup(0, block_size=16, sliding_window=48)) == 48
+    assert group_reach(KVGroup(0, block_size=1, tokens_per_row=256, snapshots=True)) == 1
+
+
+def test_the_chunks_each_reach_needs() -> None:
+    assert needed_chunks(None, 130, 64) == [0, 1, 2]
+    assert needed_chunks(32, 256, 64) == [3]
+    assert needed_chunks(100, 256, 64) == [2, 3]
+    assert needed_chunks(1, 128, 64) == [1]
+    assert needed_chunks(32, 0, 64) == []
+    assert not needs_chunk(None, 0, 5) and not needs_chunk(None, 6, 5) and needs_chunk(None, 5, 5)
+
+
+def test_bad_chunking_is_refused_in_full() -> None:
+    for tokens, chunk in ((-1, 64), (10, 0), (10, -64)):
+        with pytest.raises(LayoutError) as caught:
+            chunk_ends(tokens, chunk)
+        assert str(caught.value) == f"bad chunking: {tokens} tokens in chunks of {chunk}"
+    with pytest.raises(LayoutError) as caught:
+        longest_hit([(None, [True, True])], [64, 128, 192])
+    assert str(caught.value) == "presence of 2 chunks given for 3 chunks"
+
+
+@settings(max_examples=100, deadline=None)
+@given(presence())
+def test_presence_asked_lazily_gives_the_same_hit(case) -> None:
+    present, ends = case
+    lazy = [(reach, flags.__getitem__) for reach, flags in present]
+    assert longest_hit(lazy, ends) == longest_hit(present, ends)

@@ -135,7 +135,8 @@ def test_the_window_property_catches_the_old_rule():
 
 @pytest.mark.parametrize(
     ("chunk", "cr", "window", "rows"),
-    [(64, 1, None, 64), (64, 4, None, 16), (64, 1, 32, 32), (64, 4, 32, 8), (64, 4, 512, 16), (256, 128, 128, 1)],
+    [(64, 1, None, 64), (64, 4, None, 16), (64, 1, 32, 32), (64, 4, 32, 8), (64, 2, 32, 16), (64, 4, 512, 16),
+     (256, 128, 128, 1)],
 )
 def test_physical_rows_per_chunk(chunk, cr, window, rows):
     """Whole chunks end on row boundaries; a partial chunk may end inside a compressed row, whose window then
@@ -150,7 +151,7 @@ def test_physical_rows_per_chunk(chunk, cr, window, rows):
 @given(group_and_table(), st.data())
 def test_few_slots_in_python_equal_the_tensor_path(case, data):
     """Small batches are computed in Python, big ones with tensors: both give the same slots, and the same
-    error for a table too short or holding a negative id."""
+    error for a table too short or holding a negative id, from a tensor or a list of block ids."""
     group, chunk, num_tokens, ids = case
     ends = list(range(chunk, num_tokens + 1, chunk)) + ([num_tokens] if num_tokens % chunk else [])
     bounds = [(end - 1) // chunk * chunk for end in ends]
@@ -162,14 +163,15 @@ def test_few_slots_in_python_equal_the_tensor_path(case, data):
         ids = [*ids[:-1], -5]
     results = []
     for threshold in (0, 10**9):
-        original, slot_math.PYTHON_SLOTS = slot_math.PYTHON_SLOTS, threshold
-        try:
-            results.append(chunks_slots(group, torch.tensor(ids, dtype=torch.int64), bounds, chunk).tolist())
-        except LayoutError as exc:
-            results.append(str(exc))
-        finally:
-            slot_math.PYTHON_SLOTS = original
-    assert results[0] == results[1]
+        for table in (torch.tensor(ids, dtype=torch.int64), ids):
+            original, slot_math.PYTHON_SLOTS = slot_math.PYTHON_SLOTS, threshold
+            try:
+                results.append(chunks_slots(group, table, bounds, chunk).tolist())
+            except LayoutError as exc:
+                results.append(str(exc))
+            finally:
+                slot_math.PYTHON_SLOTS = original
+    assert results == [results[0]] * 4
 
 
 def test_null_blocks_map_to_minus_one():
@@ -192,3 +194,64 @@ def test_bad_chunk_ranges_are_rejected(start, end):
 def test_negative_block_id_is_rejected():
     with pytest.raises(LayoutError, match="negative block id -3"):
         slot_mapping(KVGroup(0, block_size=2), [1, -3], 4)
+
+
+def test_no_rows_is_an_empty_int64_mapping():
+    group = KVGroup(0, block_size=4)
+    for ids in ([], torch.tensor([], dtype=torch.int32)):
+        got = slot_mapping(group, ids, 0)
+        assert (got.dtype, got.shape) == (torch.int64, torch.Size([0]))
+    assert rows_for_tokens(0, group) == 0
+    empty = chunks_slots(group, [3], [], 16)
+    assert (empty.dtype, empty.shape) == (torch.int64, torch.Size([0, 16]))
+
+
+@pytest.mark.parametrize("threshold", [0, 10**9], ids=["tensor-path", "python-path"])
+def test_int32_block_tables_give_exact_int64_slots_past_two_to_the_31(threshold):
+    """vLLM's block tables are int32; a slot (block id x block size) may not fit in 32 bits."""
+    group = KVGroup(0, block_size=32)
+    big = 2**27 + 5  # x 32 rows per block: past 2**31
+    ids = torch.tensor([big, 0, big + 1], dtype=torch.int32)
+    expected = [big * 32 + r for r in range(32)] + [-1] * 32 + [(big + 1) * 32 + r for r in range(32)]
+    assert slot_mapping(group, ids, 96).tolist() == expected
+    original, slot_math.PYTHON_SLOTS = slot_math.PYTHON_SLOTS, threshold
+    try:
+        got = chunks_slots(group, ids, [(0, 64), (64, 96)], 64)
+    finally:
+        slot_math.PYTHON_SLOTS = original
+    assert got.dtype == torch.int64
+    assert got.tolist() == [expected[:64], expected[64:] + [-1] * 32]
+
+
+WINDOWED = KVGroup(0, block_size=16, tokens_per_row=4, sliding_window=32, spec_name="SlidingWindowSpec")
+
+
+def test_whole_chunks_reserve_one_row_less_for_a_compressed_window():
+    """A whole chunk's window is rows 8-15 of block 5; saved whole, a chunk reserves exactly those 8 rows,
+    otherwise one more (a partial chunk may end inside a row), left -1."""
+    rows = [5 * 16 + r for r in range(8, 16)]
+    assert chunk_slots(WINDOWED, [5], 0, 64, 64, whole_chunks=True).tolist() == rows
+    assert chunk_slots(WINDOWED, [5], 0, 64, 64).tolist() == [*rows, -1]
+    assert chunks_slots(WINDOWED, [5], [(0, 64)], 64, whole_chunks=True).tolist() == [rows]
+    assert chunks_slots(WINDOWED, [5], [(0, 64)], 64).tolist() == [[*rows, -1]]
+
+
+def test_a_partial_chunk_ending_inside_a_row_does_not_fit_whole_chunk_rows():
+    """Tokens [0, 62) end inside row 15: the window needs rows 7-15, nine, where whole chunks reserve eight."""
+    assert chunk_rows(WINDOWED, 0, 62, 64) == (7, 9)
+    with pytest.raises(LayoutError) as caught:
+        chunks_slots(WINDOWED, [5], [(0, 62)], 64, whole_chunks=True)
+    assert str(caught.value) == "group 0 (SlidingWindowSpec): a chunk of 64 tokens holds more than its 8 rows"
+
+
+def test_the_slot_errors_read_in_full():
+    with pytest.raises(LayoutError) as caught:
+        rows_for_tokens(-1, WINDOWED)
+    assert str(caught.value) == "group 0 (SlidingWindowSpec): negative token count -1"
+    with pytest.raises(LayoutError) as caught:
+        chunk_rows(WINDOWED, 64, 32, 64)
+    assert str(caught.value) == ("group 0 (SlidingWindowSpec): [64, 32) is not a chunk of 64 tokens (start a multiple "
+                                 "of the chunk size, 1 to chunk_size tokens long)")
+    with pytest.raises(LayoutError) as caught:
+        chunk_rows(WINDOWED, 0, 30, 30)
+    assert str(caught.value) == "group 0 (SlidingWindowSpec): tokens_per_row 4 does not divide chunk_size 30"
