@@ -38,6 +38,8 @@ from lmcache_platforms.layout.parts import ChunkPart
 
 ENGINE = "lmcache.v1.cache_engine:LMCacheEngine"
 METADATA = "lmcache.v1.metadata:LMCacheMetadata"
+_METADATA_METHODS = ("get_shapes", "get_dtypes", "get_num_groups")
+_TAGGED_METHODS = ("lookup", "async_lookup_and_prefetch")
 
 
 @dataclass(frozen=True)
@@ -51,17 +53,17 @@ class InstanceChange:
 
 
 INSTANCE_CHANGES: tuple[InstanceChange, ...] = (
-    InstanceChange(METADATA, ("get_shapes", "get_dtypes", "get_num_groups"), "our GPU connector is bound",
+    InstanceChange(METADATA, _METADATA_METHODS, "our GPU connector is bound",
                    "LMCache sizes each chunk's MemoryObj from them before any connector code runs"),
     InstanceChange(ENGINE, ("retrieve",), "a layout is attached",
                    "an object that fails its checksum is reported, removed and never loaded"),
     InstanceChange(ENGINE, ("store", "retrieve", "lookup"), "chunks are stored in parts",
                    "each part of a chunk is its own object; a hit needs every part it reads"),
-    InstanceChange(ENGINE, ("lookup", "async_lookup_and_prefetch"), "a layout is attached",
+    InstanceChange(ENGINE, _TAGGED_METHODS, "a layout is attached",
                    "the scheduler's lookups carry the layout's key tags"),
 )
-_METADATA_METHODS = INSTANCE_CHANGES[0].methods
-_ENGINE_METHODS = ("store", "retrieve", "lookup", "async_lookup_and_prefetch")
+# Every engine method some change replaces: adapt_engine keeps the instance's own once, and builds on them.
+_ENGINE_METHODS = tuple(dict.fromkeys(m for c in INSTANCE_CHANGES if c.target == ENGINE for m in c.methods))
 _ORIGINALS = "_lmcache_platforms_originals"
 
 
@@ -91,7 +93,7 @@ def adapt_engine(engine: Any, parts: Sequence[ChunkPart] = (), chunk_size: int =
     if parts:
         methods.update(parts_methods(engine, methods, parts, chunk_size))
     if lookup_tags:
-        for name in ("lookup", "async_lookup_and_prefetch"):
+        for name in _TAGGED_METHODS:
             if name in methods:
                 methods[name] = _tagged(methods[name], dict(lookup_tags))
     for name, method in methods.items():

@@ -207,18 +207,15 @@ def test_no_rows_is_an_empty_int64_mapping():
 
 
 @pytest.mark.parametrize("threshold", [0, 10**9], ids=["tensor-path", "python-path"])
-def test_int32_block_tables_give_exact_int64_slots_past_two_to_the_31(threshold):
+def test_int32_block_tables_give_exact_int64_slots_past_two_to_the_31(threshold, monkeypatch):
     """vLLM's block tables are int32; a slot (block id x block size) may not fit in 32 bits."""
     group = KVGroup(0, block_size=32)
     big = 2**27 + 5  # x 32 rows per block: past 2**31
     ids = torch.tensor([big, 0, big + 1], dtype=torch.int32)
     expected = [big * 32 + r for r in range(32)] + [-1] * 32 + [(big + 1) * 32 + r for r in range(32)]
     assert slot_mapping(group, ids, 96).tolist() == expected
-    original, slot_math.PYTHON_SLOTS = slot_math.PYTHON_SLOTS, threshold
-    try:
-        got = chunks_slots(group, ids, [(0, 64), (64, 96)], 64)
-    finally:
-        slot_math.PYTHON_SLOTS = original
+    monkeypatch.setattr(slot_math, "PYTHON_SLOTS", threshold)
+    got = chunks_slots(group, ids, [(0, 64), (64, 96)], 64)
     assert got.dtype == torch.int64
     assert got.tolist() == [expected[:64], expected[64:] + [-1] * 32]
 
