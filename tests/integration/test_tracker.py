@@ -41,3 +41,23 @@ def test_new_running_resumed_and_rolled_back():
     assert tracker.token_ids == all_ids and tracker.num_saved_tokens == 64
     tracker.roll_back(32, all_ids)
     assert tracker.token_ids == prompt[:32] and tracker.num_saved_tokens == 32
+
+
+def test_a_new_request_keeps_every_fact_the_scheduler_gave():
+    prompt = list(range(100, 170))
+    configs = {"lmcache.tag.user": "u1"}
+    tracker = RequestTracker.from_new_request(new_request("r", prompt, ([1, 2, 3], [0, 4, 5]), computed=32),
+                                              2, 96, 64, True, configs)
+    assert tracker == RequestTracker(req_id="r", prompt_len=70, token_ids=prompt, block_ids=[[1, 2, 3], [0, 4, 5]],
+                                     num_saved_tokens=64, skip_save=True, request_configs=configs, step_start=32)
+
+
+def test_a_resumed_request_starts_its_step_where_vllm_recomputes_and_knows_whether_it_decodes():
+    prompt = list(range(100, 170))
+    tracker = RequestTracker.from_new_request(new_request("r", prompt, ([1, 2, 3], [4, 5, 6])), 2, 70, 0, False)
+    tracker.resume([*prompt, 7], ([9, 8, 7], [6, 5, 4]), num_computed_tokens=64, num_new_tokens=6,
+                   lmcache_cached_tokens=0)
+    assert (tracker.step_start, tracker.is_decode_phase, len(tracker.token_ids)) == (64, False, 70)
+    tracker.resume([*prompt, 7], ([9, 8, 7], [6, 5, 4]), num_computed_tokens=70, num_new_tokens=1,
+                   lmcache_cached_tokens=0)
+    assert (tracker.step_start, tracker.is_decode_phase, len(tracker.token_ids)) == (70, True, 71)
