@@ -149,3 +149,35 @@ def test_the_setting_and_the_layout_name_the_same_units() -> None:
         config.PlatformSettings.load(env={"LMCACHE_PLATFORMS_CHUNK_ROWS": "pages"})
     with pytest.raises(LayoutError, match="rows must be one of blocks, tokens, got 'pages'"):
         materialize(load_layout_spec("vllm-cpu"), rows="pages")
+
+
+# What mutation testing (``make mutation``) found unread: the merged plane itself, and each reason not to merge
+# or convert on its own.
+
+
+def test_a_merged_page_is_one_row_per_block_over_exactly_the_pieces_it_tiles() -> None:
+    storage = storage_of(torch.zeros(4096, dtype=torch.uint8))
+    g = PlaneGeometry(4, 1024, 1, 0, 1, 256, 0)
+    k, v, w = (Plane("l", name, 0, torch.bfloat16, g, offset, storage)
+               for name, offset in (("k", 512), ("v", 256), ("w", 768)))
+    assert merged_page([k, v, w]) == Plane("l", "k+2", 0, torch.bfloat16, PlaneGeometry(4, 1024, 1, 0, 1, 768, 0),
+                                           256, storage)
+    mixed = dataclasses.replace(v, dtype=torch.float16)
+    assert merged_page([k, mixed]) == Plane("l", "k+1", 0, torch.uint8, PlaneGeometry(4, 1024, 1, 0, 1, 512, 0),
+                                            256, storage)
+
+
+def test_pieces_that_do_not_share_a_block_shape_or_fit_in_a_block_do_not_merge() -> None:
+    storage = storage_of(torch.zeros(8192, dtype=torch.uint8))
+    g = PlaneGeometry(4, 512, 1, 0, 1, 256, 0)
+    a, b = Plane("l", "a", 0, torch.uint8, g, 0, storage), Plane("l", "b", 0, torch.uint8, g, 256, storage)
+    assert merged_page([a, b]) is not None
+    assert merged_page([a, dataclasses.replace(b, geometry=dataclasses.replace(g, num_blocks=3))]) is None
+    assert merged_page([a, dataclasses.replace(b, geometry=dataclasses.replace(g, block_stride=1024))]) is None
+    c = Plane("l", "c", 0, torch.uint8, g, 512, storage)
+    assert merged_page([a, b, c]) is None  # 768 bytes in a 512-byte block
+
+
+@pytest.mark.parametrize(("block_size", "expected"), [(1, None), (2, KVGroup(0, block_size=1, tokens_per_row=2))])
+def test_a_group_already_one_row_per_block_stays_as_it_is(block_size: int, expected: KVGroup | None) -> None:
+    assert block_row_group(KVGroup(0, block_size=block_size), 32) == expected
