@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for logs and the LMCache store (default: a new temporary folder, removed "
                              "at the end unless --keep-workdir or the demo fails)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the temporary folder (server logs)")
+    parser.add_argument("--keep-store", action="store_true",
+                        help="keep the LMCache store (WORKDIR/lmcache_store) after the run: a server started "
+                             "with LMCACHE_CONFIG_FILE=WORKDIR/lmcache.yaml reads the chunks the demo stored")
     parser.add_argument("--model-cache", type=Path, help="where the random model is kept "
                         "(default: $LMCACHE_PLATFORMS_CACHE/models or ~/.cache/lmcache_platforms/models)")
     parser.add_argument("--pass-timeout", type=float, default=600.0, help="seconds one engine pass may take")
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     def body(workdir: Path) -> list[str]:
         progress(f"logs and LMCache store in {workdir}")
         options = DemoOptions(size=args.size, compare=args.compare, chunk_size=args.chunk_size, workdir=workdir,
-                              cache_dir=args.model_cache, resources=resources, pass_timeout_s=args.pass_timeout)
+                              cache_dir=args.model_cache, resources=resources, pass_timeout_s=args.pass_timeout,
+                              keep_store=args.keep_store)
         return _run_and_report(options, progress, args.json)
 
     return run_in_workdir(args.workdir, args.keep_workdir, "lmcache_platforms_demo_", progress, body)

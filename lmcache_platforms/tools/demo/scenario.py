@@ -29,6 +29,8 @@ UPSTREAM_CONNECTOR = "LMCacheConnectorV1"
 BLOCK_SIZE = 32
 SERVER_CHUNK_SIZE = 32
 TOP_LOGITS = 5
+STORE_DIR = "lmcache_store"
+CONFIG_FILE = "lmcache.yaml"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class DemoOptions:
     pass_timeout_s: float = 600.0
     # Added to our connector's passes only (e.g. a kernel backend chosen by a test).
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Keep the store (``STORE_DIR`` under the workdir) after the run, for another pass configured with the
+    # workdir's ``lmcache.yaml`` (``CONFIG_FILE``); by default it is removed.
+    keep_store: bool = False
 
 
 @dataclass
@@ -96,10 +101,10 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
     def warmup(label: str) -> Request:
         return warmup_request(longest, model.vocab_size, label)
 
-    store = options.workdir / "lmcache_store"
+    store = options.workdir / STORE_DIR
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
-    config_file = options.workdir / "lmcache.yaml"
+    config_file = options.workdir / CONFIG_FILE
     config_file.write_text(lmcache_yaml(options.chunk_size, store))
     ours = run.outcomes.setdefault("ours", Outcome("LMCache in-process + lmcache_platforms"))
     env = {"LMCACHE_CONFIG_FILE": str(config_file), **options.extra_env}
@@ -109,7 +114,8 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> DemoRun:
             ours.passes[phase] = runner.run(f"ours-{phase}", connector_config(OUR_CONNECTOR), requests,
                                             warmup(f"ours-{phase}"), env)
     finally:
-        shutil.rmtree(store, ignore_errors=True)
+        if not options.keep_store:
+            shutil.rmtree(store, ignore_errors=True)
     if options.compare:
         _run_comparisons(run, runner, warmup, progress)
     return run

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from lmcache_platforms.cli import demo
+from lmcache_platforms.tools.demo.scenario import DemoOptions
 
 
 def _run(argv: list[str]) -> int:
@@ -34,3 +36,17 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys:
 def test_cores_ranges_and_lists() -> None:
     assert demo._parse_cores("0-2,5") == (0, 1, 2, 5)
     assert demo._parse_cores("1") == (1,)
+
+
+@pytest.mark.parametrize(("argv", "kept"), [([], False), (["--keep-store"], True)])
+def test_keep_store_reaches_the_demo_options(argv: list[str], kept: bool, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[DemoOptions] = []
+
+    def record(options: DemoOptions, _progress: object, _as_json: bool) -> list[str]:
+        seen.append(options)
+        return []
+
+    monkeypatch.setattr(demo, "_run_and_report", record)
+    assert _run([*argv, "--workdir", str(tmp_path)]) == 0
+    assert [(o.keep_store, o.workdir) for o in seen] == [(kept, tmp_path)]

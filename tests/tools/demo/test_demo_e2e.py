@@ -26,11 +26,14 @@ from lmcache_platforms.tools.demo.report import (
 from lmcache_platforms.tools.demo.runners import PassFailed, PassRunner, Resources
 from lmcache_platforms.tools.demo.scenario import (
     BLOCK_SIZE,
+    CONFIG_FILE,
     OUR_CONNECTOR,
+    STORE_DIR,
     TOP_LOGITS,
     UPSTREAM_CONNECTOR,
     DemoOptions,
     DemoRun,
+    Outcome,
     connector_config,
     lmcache_yaml,
     run_demo,
@@ -57,9 +60,12 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run(models: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The tiny demo, its store kept: the zeroed-block control's warm pass reads what its cold pass stored."""
     workdir = tmp_path_factory.mktemp("demo")
-    run = run_demo(DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=CHUNK), lambda _m: None)
+    run = run_demo(DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=CHUNK, keep_store=True),
+                   lambda _m: None)
     assert processes_mentioning(str(workdir)) == [], "a server left a process behind"
+    assert any((workdir / STORE_DIR).iterdir()), "the kept store is empty"
     return run
 
 
@@ -106,24 +112,32 @@ def test_served_warm_pass_loads_every_whole_chunk_and_answers_as_without_a_conne
     _assert_same_answers(no_connector, warm)
 
 
-def test_the_served_verdict_catches_a_zeroed_block_on_load(models: Path, no_connector: dict[str, Any],
+def test_the_served_verdict_catches_a_zeroed_block_on_load(models: Path, tiny_run: DemoRun,
+                                                           no_connector: dict[str, Any],
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Negative control: the same served demo with a kernel backend (a plugin, found through its entry point by
-    the server's worker) that zeroes the first block of every load. Hits are still exact, so only the answer
-    checks can catch it: they must."""
+    """Negative control: a warm pass over the tiny demo's store (a fresh server, as the demo's own warm pass)
+    with a kernel backend (a plugin, found through its entry point by the server's worker) that zeroes the first
+    block of every load. Hits are still exact, so only the answer checks can catch it: they must."""
     plugin = install_faulty_backend(tmp_path_factory.mktemp("plugin"))
-    workdir = tmp_path_factory.mktemp("faulty")
-    options = DemoOptions(size="tiny", workdir=workdir, cache_dir=models, chunk_size=CHUNK,
-                          extra_env=faulty_env(plugin, "zero", base={}))
-    run = run_demo(options, lambda _m: None)
+    workdir = tiny_run.options.workdir
+    runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name,
+                              serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len),
+                              Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
+    longest = max(len(r.tokens) for r in REQUESTS)
+    env = {"LMCACHE_CONFIG_FILE": str(workdir / CONFIG_FILE), **faulty_env(plugin, "zero", base={})}
+    warm = runner.run("zeroed-warm", connector_config(OUR_CONNECTOR), REQUESTS,
+                      warmup_request(longest, TINY_MODEL.vocab_size, "zeroed-warm"), env)
+    cold = tiny_run.outcomes["ours"].passes["cold"]
+    run = DemoRun(tiny_run.model, tiny_run.workload, REQUESTS, tiny_run.options,
+                  {"ours": Outcome("zeroed on load", {"cold": cold, "warm": warm})})
     result = summary(run)
     assert result["hit_tokens_per_request"] == EXPECTED_HITS
     found = problems(result)
     assert any("drifted" in p or "different tokens" in p for p in found), (found, render(run))
-    warm = run.outcomes["ours"].passes["warm"]
     assert any(not compare(r, w).identical or compare(r, w).max_logit_steps > MAX_LOGIT_DRIFT_BF16_STEPS
                for r, w in zip(no_connector["requests"], warm["requests"], strict=True))
     assert "kernels faulty, " in Path(warm["log"]).read_text()  # the server's worker really ran the plugin
+    assert processes_mentioning(str(workdir)) == []
 
 
 def test_served_layerwise_mode_hits_and_answers_as_without_a_connector(
@@ -138,6 +152,7 @@ def test_served_layerwise_mode_hits_and_answers_as_without_a_connector(
     result = summary(run)
     assert result["hit_tokens_per_request"] == EXPECTED_HITS
     assert problems(result) == []
+    assert not (workdir / STORE_DIR).exists(), "the store outlived the run (keep_store is off)"
     cold, warm = run.outcomes["ours"].passes["cold"], run.outcomes["ours"].passes["warm"]
     # One store per request and one for the warm-up, each layer by layer (no line without the words).
     stored = re.findall(r"stored tokens \[\d+, \d+\) in LMCache, \d+ bytes written(, layer by layer)?",
