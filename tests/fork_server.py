@@ -8,6 +8,10 @@ environment, working folder and ``PYTHONPATH``, and ends as an interpreter does 
 handlers run), so a run that would hang at exit still hangs here (and meets its time limit); only the module
 teardown after that is skipped (about 2 s of garbage collection per run with vLLM loaded).
 
+A run that builds an engine and tests nothing about import order can ask for a second server that preloaded the
+rest of vLLM's engine too (``engine=True``: a few seconds fewer per run; vLLM's KV-transfer package is loaded
+then, LMCache and our package still are not).
+
 A run whose ``PYTHONPATH`` shadows a preloaded package (another vLLM: ``tests/integration/test_vllm023.py``)
 cannot start from this state and keeps its own interpreter.
 
@@ -38,6 +42,10 @@ from typing import Any
 PRELOADED = ("torch", "transformers", "vllm.config", "vllm.engine.arg_utils")
 # What the runs import themselves, each in its own order: none of it may be loaded before a run starts.
 UNTOUCHED = ("lmcache", "vllm.distributed.kv_transfer")
+ENGINE_PRELOADED = (*PRELOADED, "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.v1.worker.cpu_worker")
+"""For runs whose import order is not what they test (an engine built as a script builds it): the rest of vLLM's
+engine too, vLLM's KV-transfer package with it; LMCache and our package still untouched."""
+ENGINE_UNTOUCHED = ("lmcache",)
 # Left out of the server's own environment: they must act only where a run sets them.
 RUN_ONLY = ("LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS")
 
@@ -90,10 +98,10 @@ def _leave(code: int, status: str) -> None:
     os._exit(code)
 
 
-def serve() -> None:
-    for name in PRELOADED:
+def serve(engine: bool) -> None:
+    for name in ENGINE_PRELOADED if engine else PRELOADED:
         importlib.import_module(name)
-    loaded = sorted(name for name in sys.modules if name.startswith(UNTOUCHED))
+    loaded = sorted(name for name in sys.modules if name.startswith(ENGINE_UNTOUCHED if engine else UNTOUCHED))
     print(json.dumps({"loaded": loaded}), flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they end
     for line in sys.stdin:
@@ -107,12 +115,13 @@ def serve() -> None:
 class ForkServer:
     """The client: ``run`` gives what ``subprocess.run`` of a fresh interpreter would, from a forked child."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: bool = False) -> None:
         self._folder = Path(tempfile.mkdtemp(prefix="fork-server-"))
         env = clean_environment()
+        argv = [sys.executable, "-c", Path(__file__).read_text(), *(["engine"] if engine else [])]
         with open(self._folder / "server.err", "w") as errors:
-            self._process = subprocess.Popen([sys.executable, "-c", Path(__file__).read_text()], env=env, text=True,
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+            self._process = subprocess.Popen(argv, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=errors)
         self._lock = threading.Lock()
         self._count = 0
         ready = self._answer()
@@ -171,24 +180,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-_shared: ForkServer | None = None
+_shared: dict[bool, ForkServer] = {}
 _shared_lock = threading.Lock()
 
 
-def shared() -> ForkServer:
-    """This test process's server, started on first use and closed at exit."""
-    global _shared
+def shared(engine: bool = False) -> ForkServer:
+    """This test process's server (with vLLM's engine preloaded or not), started on first use, closed at exit."""
     with _shared_lock:
-        if _shared is None:
-            _shared = ForkServer()
-            atexit.register(_shared.close)
-        return _shared
+        if engine not in _shared:
+            _shared[engine] = server = ForkServer(engine)
+            atexit.register(server.close)
+        return _shared[engine]
 
 
 def run_module(module: str, argv: list[str], env: Mapping[str, str], cwd: Path | str | None = None,
-               timeout: float = 600.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m module *argv`` with ``env`` in ``cwd``, as a child of this process's fork server."""
-    return shared().run({"module": module, "argv": argv}, env, cwd, timeout, input)
+               timeout: float = 600.0, input: str | None = None,
+               engine: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m module *argv`` with ``env`` in ``cwd``, as a child of this process's fork server; ``engine``:
+    of the server that preloaded vLLM's engine (``ENGINE_PRELOADED``)."""
+    return shared(engine).run({"module": module, "argv": argv}, env, cwd, timeout, input)
 
 
 def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
@@ -197,4 +207,4 @@ def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0) -> s
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:] == ["engine"])

@@ -40,7 +40,7 @@ class Runs:
                 options["store"] = str(store)
             env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
             proc = run_module("tests.integration.layerwise_run", [str(self.model), json.dumps(options)], env, REPO,
-                              timeout=400)
+                              timeout=400, engine=True)
             assert proc.returncode == 0, proc.stderr[-4000:]
             self.done[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         return self.done[name]

@@ -42,7 +42,7 @@ def run_pass(model: Path, store: Path, mode: str, job: dict) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "LMCACHE_LOG_LEVEL": "INFO",
            "PYTHONPATH": str(REPO)}
     proc = run_module("tests.integration.recurrent_run", [str(model), str(store), mode], env, REPO, timeout=400,
-                      input=json.dumps(job))
+                      input=json.dumps(job), engine=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1]) | {"log": proc.stderr}
     assert not any(e["degraded"] for e in result["health"])

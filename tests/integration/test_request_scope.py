@@ -89,7 +89,8 @@ def write_adapter(folder: Path, num_layers: int, hidden: int, kv_width: int, ran
 
 def run(model: Path, options: dict) -> list[dict]:
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = run_module("tests.integration.scope_run", [str(model), json.dumps(options)], env, REPO, timeout=400)
+    proc = run_module("tests.integration.scope_run", [str(model), json.dumps(options)], env, REPO, timeout=400,
+                      engine=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

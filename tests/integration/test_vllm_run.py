@@ -24,7 +24,8 @@ def test_second_run_hits_lmcache_and_matches(extra):
 
     model = ensure_model(TINY_MODEL)
     env = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": str(REPO)}
-    proc = run_module("tests.integration.vllm_run", [str(model), json.dumps(extra)], env, REPO, timeout=400)
+    proc = run_module("tests.integration.vllm_run", [str(model), json.dumps(extra)], env, REPO, timeout=400,
+                      engine=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["hma"] is True

@@ -47,7 +47,7 @@ def run_engine(spec: dict[str, Any], workdir: Path, env: dict[str, str] | None =
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environ.get("PYTHONPATH", "")) if p)
     log = workdir / "engine.log"
     with log.open("w") as out:
-        proc = run_module("tests.reliability.fault_run", [str(spec_path)], environ, REPO, timeout=500)
+        proc = run_module("tests.reliability.fault_run", [str(spec_path)], environ, REPO, timeout=500, engine=True)
         out.write(proc.stderr)
     assert proc.returncode == 0, log.read_text()[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
