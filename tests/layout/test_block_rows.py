@@ -26,12 +26,12 @@ from lmcache_platforms.layout.groups import KVGroup
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from lmcache_platforms.tools.fixtures import layout_over, materialize, materialize_tensors
 from tests.kernels.strategies import geometries, interleaved_geometries, storage_of
+from tests.layout.addresses import payload_addresses
 
 
 def addresses(g: PlaneGeometry, block: int, rows: range) -> list[int]:
-    """Every payload byte of ``rows`` of ``block``, element by element."""
-    return [g.byte_address(block * g.rows_per_block + r, s, b)
-            for r in rows for s in range(g.segments) for b in range(g.segment_bytes)]
+    """Every payload byte of ``rows`` of ``block``."""
+    return payload_addresses(g, (block * g.rows_per_block + r for r in rows))
 
 
 @given(st.one_of(geometries(), interleaved_geometries()))

@@ -15,6 +15,7 @@ from lmcache_platforms.layout.slots import chunk_slots, physical_rows_per_chunk
 from lmcache_platforms.layout.spec import LayoutSpec
 from lmcache_platforms.layout.tensors import TensorLayout, planes_from_tensor
 from lmcache_platforms.tools.fixtures import materialize, plan
+from tests.layout.addresses import payload_addresses
 from tests.layout.strategies import layout_specs
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -46,13 +47,9 @@ def test_plan_bytes_are_rows_times_row_bytes(spec):
     assert [tg.index for tg in layout.transfer_groups] == list(range(layout.launches_per_chunk))
 
 
-def byte_set(planes) -> set[tuple[int, int]]:
-    out = set()
-    for p in planes:
-        g, base = p.geometry, p.storage.data_ptr() + p.offset
-        for slot in range(g.num_slots):
-            out |= {base + g.byte_address(slot, s, i) for s in range(g.segments) for i in range(g.segment_bytes)}
-    return out
+def byte_set(planes) -> set[int]:
+    return {a for p in planes for a in payload_addresses(p.geometry, range(p.geometry.num_slots),
+                                                         p.storage.data_ptr() + p.offset)}
 
 
 @SETTINGS

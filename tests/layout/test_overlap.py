@@ -10,18 +10,13 @@ from hypothesis import strategies as st
 from lmcache_platforms.layout.overlap import _addresses, _block_span
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.strategies import geometries, interleaved_geometries
-
-
-def payload(g: PlaneGeometry, offset: int) -> list[int]:
-    """Every payload byte's absolute address, element by element."""
-    return [offset + g.byte_address(slot, s, b)
-            for slot in range(g.num_slots) for s in range(g.segments) for b in range(g.segment_bytes)]
+from tests.layout.addresses import payload_addresses
 
 
 @given(st.one_of(geometries(), interleaved_geometries()), st.integers(0, 300), st.data())
 def test_the_window_holds_every_payload_byte_in_range_and_none_outside_the_plane(g: PlaneGeometry, offset: int,
                                                                                  data: st.DataObject) -> None:
-    every = payload(g, offset)
+    every = payload_addresses(g, range(g.num_slots), offset)
     end = offset + g.span_bytes
     lo = data.draw(st.integers(offset, end + 2 * g.block_stride))
     hi = data.draw(st.integers(lo, end + 3 * g.block_stride))
@@ -34,8 +29,7 @@ def test_the_window_holds_every_payload_byte_in_range_and_none_outside_the_plane
 
 @given(st.one_of(geometries(), interleaved_geometries()))
 def test_a_blocks_span_ends_at_its_last_payload_byte(g: PlaneGeometry) -> None:
-    block = [g.byte_address(r, s, b) for r in range(g.rows_per_block) for s in range(g.segments)
-             for b in range(g.segment_bytes)]
+    block = payload_addresses(g, range(g.rows_per_block))
     assert _block_span(Plane("l", "p", 0, torch.uint8, g)) == max(block) + 1
 
 

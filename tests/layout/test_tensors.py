@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from lmcache_platforms.layout import LayoutError
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, planes_from_tensor
+from tests.layout.addresses import payload_addresses
 from tests.layout.strategies import DIM_TEMPLATES, DTYPES
 
 GEN = torch.Generator().manual_seed(7)
@@ -28,26 +29,18 @@ def as_bytes(t: torch.Tensor) -> list[int]:
     return t.contiguous().reshape(-1).view(torch.uint8).tolist()
 
 
-def row_bytes(plane: Plane, slot: int) -> list[int]:
-    """The row's payload read through PlaneGeometry.byte_address, byte by byte."""
-    flat, g = plane.storage.tolist(), plane.geometry
-    return [flat[plane.offset + g.byte_address(slot, s, i)] for s in range(g.segments) for i in range(g.segment_bytes)]
-
-
 def assert_rows(planes: list[Plane], expected: dict[str, Callable[[int, int], torch.Tensor]]) -> None:
     assert sorted(p.name for p in planes) == sorted(expected)
     for plane in planes:
         flat, g = plane.storage.tolist(), plane.geometry
         for slot in range(g.num_slots):
-            got = [flat[plane.offset + g.byte_address(slot, s, i)]
-                   for s in range(g.segments) for i in range(g.segment_bytes)]
+            got = [flat[a] for a in payload_addresses(g, [slot], plane.offset)]
             assert got == as_bytes(expected[plane.name](*divmod(slot, g.rows_per_block))), (plane.name, slot)
 
 
 def plane_addresses(plane: Plane) -> list[int]:
-    g, base = plane.geometry, plane.storage.data_ptr() + plane.offset
-    return [base + g.byte_address(slot, s, i)
-            for slot in range(g.num_slots) for s in range(g.segments) for i in range(g.segment_bytes)]
+    g = plane.geometry
+    return payload_addresses(g, range(g.num_slots), plane.storage.data_ptr() + plane.offset)
 
 
 def tensor_addresses(t: torch.Tensor) -> list[int]:
@@ -265,8 +258,7 @@ def test_any_dim_order_maps_rows_to_their_own_elements(case):
         assert g.segment_bytes % item == 0
         kvs = set()
         for slot in range(g.num_slots):
-            addrs = [plane.offset + g.byte_address(slot, s, i)
-                     for s in range(g.segments) for i in range(g.segment_bytes)]
+            addrs = payload_addresses(g, [slot], plane.offset)
             elems = addrs[::item]
             assert all(addrs[k] == elems[k // item] + k % item for k in range(len(addrs)))
             owners = [labels[a] for a in elems]
