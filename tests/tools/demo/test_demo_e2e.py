@@ -49,6 +49,16 @@ pytestmark = pytest.mark.slow
 CHUNK = 64
 REQUESTS = build_workload(TINY_WORKLOAD, TINY_MODEL.vocab_size)
 EXPECTED_HITS = [expected_hit_tokens(len(r.tokens), CHUNK) for r in REQUESTS]
+SERVE_ARGS = serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len)
+
+
+def serve_pass(models: Path, workdir: Path, label: str, kv_transfer_config: dict[str, Any] | None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One fresh ``vllm serve`` of the tiny model answering ``REQUESTS`` after a warm-up, as the demo's passes."""
+    runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name, SERVE_ARGS,
+                              Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
+    longest = max(len(r.tokens) for r in REQUESTS)
+    return runner.run(label, kv_transfer_config, REQUESTS, warmup_request(longest, TINY_MODEL.vocab_size, label), env)
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +83,11 @@ def tiny_run(models: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 def no_connector(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The answers of a server without a connector: what users would get anyway. Computed once per session
     (``tests/session_cache.py``): the module's tests are split over the workers (``tests/conftest.py``)."""
-    args = serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len)
-    longest = max(len(r.tokens) for r in REQUESTS)
-
     def serve() -> dict[str, Any]:
-        workdir = tmp_path_factory.mktemp("none")
-        runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name, args,
-                                  Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
-        return runner.run("none", None, REQUESTS, warmup_request(longest, TINY_MODEL.vocab_size, "none"))
+        return serve_pass(models, tmp_path_factory.mktemp("none"), "none", None)
 
     key = {"baseline": "vllm serve, no connector", "model": folder_digest(models / TINY_MODEL.name),
-           "args": args, "prompts": [r.tokens for r in REQUESTS], "max_tokens": TINY_WORKLOAD.max_tokens,
+           "args": SERVE_ARGS, "prompts": [r.tokens for r in REQUESTS], "max_tokens": TINY_WORKLOAD.max_tokens,
            "top_logits": TOP_LOGITS}
     return cached(session_folder(tmp_path_factory), key, serve)
 
@@ -120,13 +124,8 @@ def test_the_served_verdict_catches_a_zeroed_block_on_load(models: Path, tiny_ru
     block of every load. Hits are still exact, so only the answer checks can catch it: they must."""
     plugin = install_faulty_backend(tmp_path_factory.mktemp("plugin"))
     workdir = tiny_run.options.workdir
-    runner = ServerPassRunner(workdir, Resources.available(), models / TINY_MODEL.name,
-                              serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len),
-                              Sampling(TINY_WORKLOAD.max_tokens, TOP_LOGITS), lambda _m: None)
-    longest = max(len(r.tokens) for r in REQUESTS)
     env = {"LMCACHE_CONFIG_FILE": str(workdir / CONFIG_FILE), **faulty_env(plugin, "zero", base={})}
-    warm = runner.run("zeroed-warm", connector_config(OUR_CONNECTOR), REQUESTS,
-                      warmup_request(longest, TINY_MODEL.vocab_size, "zeroed-warm"), env)
+    warm = serve_pass(models, workdir, "zeroed-warm", connector_config(OUR_CONNECTOR), env)
     cold = tiny_run.outcomes["ours"].passes["cold"]
     run = DemoRun(tiny_run.model, tiny_run.workload, REQUESTS, tiny_run.options,
                   {"ours": Outcome("zeroed on load", {"cold": cold, "warm": warm})})
