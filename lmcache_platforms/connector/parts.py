@@ -16,6 +16,9 @@ remote) holds, evicts and returns them independently. ``parts_methods`` wraps on
   chunks its window before ``n`` touches; if any part comes back short the whole load reports nothing
   arrived (the caller recomputes), never half a hit.
 
+Which objects are held is asked one part at a time, for a run of chunks at once (``_held_run``), never one
+object at a time: each question to a remote store is a round trip.
+
 LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
 key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
 connector read; the disk and remote tiers read each object's own shape back (``save_chunk_meta``, the
@@ -117,12 +120,12 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
         if bool(part_mask.any()):
             calls.append((part, part_mask, part_configs(kwargs.get("request_configs"), part)))
     for part, part_mask, configs in calls:
-        for start, _, key in engine.token_database.process_tokens(tokens=tokens, mask=part_mask,
-                                                                  request_configs=configs):
-            if engine.storage_manager.contains(key) is None:
-                logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
-                               kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
-                return torch.zeros(num_tokens, dtype=torch.bool)
+        chunks = list(engine.token_database.process_tokens(tokens=tokens, mask=part_mask, request_configs=configs))
+        held = _held_run(engine.storage_manager, [key for _, _, key in chunks], None, False)[0]
+        if held < len(chunks):
+            logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
+                           kwargs.get("req_id"), part.name, chunks[held][0] // chunk_size, num_tokens)
+            return torch.zeros(num_tokens, dtype=torch.bool)
     for part, part_mask, configs in calls:
         # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
         # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to a
@@ -137,12 +140,41 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
     return wanted
 
 
-def _asked_once(manager: Any, keys: Sequence[Any], search_range: list[str] | None) -> Callable[[int], bool]:
-    """Whether chunk ``i``'s object is stored, asked of the storage manager at most once per chunk."""
+def _held_run(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
+             pin: bool) -> tuple[int, dict[str, list[Any]]]:
+    """How many of ``keys``, from the first, some tier holds, and which tier holds each (pinned there with
+    ``pin``). Asked as one batch per tier (a remote store answers it in one round trip, where one key at a time
+    made one each); a key the batch stopped at is asked on its own, since the tiers may hold a run out of
+    their order (an early chunk evicted from the CPU cache but on disk), and the batch resumes after it."""
+    held = 0
+    where: dict[str, list[Any]] = {}
+    while held < len(keys):
+        count, mapping = manager.batched_contains(list(keys[held:]), search_range, pin)
+        for location, found in mapping.items():
+            where.setdefault(location, []).extend(found)
+        held += count
+        if held == len(keys):
+            break
+        location = manager.contains(keys[held], search_range, pin)
+        if location is None:
+            break
+        where.setdefault(location, []).append(keys[held])
+        held += 1
+    return held, where
 
-    @functools.cache
+
+def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | None) -> Callable[[int], bool]:
+    """Whether chunk ``i``'s object is stored. A chunk not yet known is asked together with every chunk after it
+    (``_held_run``): the hit's window is usually answered by the first question."""
+    known: dict[int, bool] = {}
+
     def present(i: int) -> bool:
-        return manager.contains(keys[i], search_range) is not None
+        if i not in known:
+            count = _held_run(manager, keys[i:], search_range, False)[0]
+            known.update(dict.fromkeys(range(i, i + count), True))
+            if i + count < len(keys):
+                known[i + count] = False
+        return known[i]
 
     return present
 
@@ -167,10 +199,11 @@ def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size
         present: list[tuple[int | None, Callable[[int], bool]]] = []
         for part, part_keys in zip(parts, keys, strict=True):
             if part.reach is None:
+                # A prefix as LMCache's retrieve finds it (tier by tier), which then reads this part.
                 prefix: int = manager.batched_contains(part_keys, search_range, False)[0]
                 present.append((None, prefix.__gt__))
             else:
-                present.append((part.reach, _asked_once(manager, part_keys, search_range)))
+                present.append((part.reach, _asked_in_runs(manager, part_keys, search_range)))
         hit = longest_hit(present, ends)
         if pin and hit:
             hit = _pin(engine, parts, keys, hit, chunk_size, search_range, lookup_id)
@@ -189,14 +222,15 @@ def _pin(engine: Any, parts: tuple[ChunkPart, ...], keys: list[list[Any]], hit: 
     manager = engine.storage_manager
     pinned: dict[str, list[Any]] = {}
     for part, part_keys in zip(parts, keys, strict=True):
-        for i in needed_chunks(part.reach, hit, chunk_size):
-            location = manager.contains(part_keys[i], search_range, True)
-            if location is None:
-                for where, held in pinned.items():
-                    manager.batched_unpin(held, [where])
-                logger.info("lookup %s: part %s of chunk %d was evicted while being pinned: a miss", lookup_id,
-                            part.name, i)
-                return 0
-            pinned.setdefault(location, []).append(part_keys[i])
+        needed = needed_chunks(part.reach, hit, chunk_size)
+        count, where = _held_run(manager, [part_keys[i] for i in needed], search_range, True)
+        for location, held in where.items():
+            pinned.setdefault(location, []).extend(held)
+        if count < len(needed):
+            for location, held in pinned.items():
+                manager.batched_unpin(held, [location])
+            logger.info("lookup %s: part %s of chunk %d was evicted while being pinned: a miss", lookup_id,
+                        part.name, needed[count])
+            return 0
     engine.lookup_pins[lookup_id] = pinned
     return hit

@@ -159,3 +159,36 @@ def test_store_chunks_ending_at_stores_exactly_those_chunks_each_with_a_prefix_m
     expected = [(end, [t for t in range(end - chunk, end) if t >= first], {"tag": 1}) for end in ends
                 if end > first]
     assert calls == expected
+
+
+def test_a_run_held_by_two_tiers_out_of_their_order_is_found_and_pinned_where_each_object_is(tmp_path) -> None:
+    """``_held_run`` asks the storage manager a run of objects at once (each tier in turn takes the prefix it
+    holds); where that stops at an object a later-asked tier does not hold but an earlier one does (chunk 1 only
+    on disk, chunk 2 only in the CPU cache), it asks that object alone and resumes, so every held object counts,
+    as when each was asked alone, and each is pinned in the tier that holds it."""
+    from lmcache_platforms.connector.parts import _held_run
+
+    layout = materialize(load_layout_spec("gemma3"), seed=6)
+    tokens = CHUNKS * layout.chunk_size
+    request = roundtrip.make_request(layout, tokens, seed=6)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, tokens), local_disk=str(tmp_path),
+                             max_local_disk_size=cache_size_gib(layout, tokens))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        engine.store(request.tokens, request.store_ids)
+        assert engine.wait_stored(request.tokens, tokens, search_range=["LocalDiskBackend"]) == tokens
+        manager = engine.engine.storage_manager
+        keys = [key for _, _, key in engine.engine.token_database.process_tokens(
+            tokens=torch.tensor(request.tokens), request_configs=engine.tags)]
+        assert manager.storage_backends["LocalCPUBackend"].remove(keys[1])
+        assert manager.storage_backends["LocalDiskBackend"].remove(keys[2])
+        assert manager.batched_contains(keys)[0] == 2  # the batch alone: CPU holds chunk 0, disk then 1, not 2
+        held, where = _held_run(manager, keys, None, True)
+        assert held == CHUNKS
+        assert where == {"LocalCPUBackend": [keys[0], keys[2], keys[3]], "LocalDiskBackend": [keys[1]]}
+        cpu = manager.storage_backends["LocalCPUBackend"]
+        assert [cpu.hot_cache[k].is_pinned for k in (keys[0], keys[2], keys[3])] == [True, True, True]
+        for location, pinned in where.items():
+            manager.batched_unpin(pinned, [location])
+        assert not any(cpu.hot_cache[k].is_pinned for k in (keys[0], keys[2], keys[3]))
+        assert manager.storage_backends["LocalDiskBackend"].remove(keys[1])
+        assert _held_run(manager, keys, None, False) == (1, {"LocalCPUBackend": [keys[0]]})
