@@ -111,6 +111,51 @@ PATCHES: tuple[Patch, ...] = (
             "kept the chunk's buffer taken",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.support_batched_get",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_supports_batched",
+        versions=LMCACHE,
+        wrapper=True,
+        why="the Redis connectors fetch a chunk object's two values one after the other, four objects at a time: "
+            "a load of a 2,048-token hit was dozens of round trips; they now announce the batched read below",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.batched_get",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_batched_get",
+        versions=LMCACHE,
+        wrapper=True,
+        why="for the Redis connectors, every object of a load in one pipeline (one round trip, one per node on a "
+            "cluster), each value checked as the single read checks it",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.support_batched_contains",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_supports_batched",
+        versions=LMCACHE,
+        wrapper=True,
+        why="the Redis connectors answer a lookup with one EXISTS round trip per object, each waiting for the "
+            "last; they now announce the batched lookup below",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.batched_contains",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_batched_contains",
+        versions=LMCACHE,
+        wrapper=True,
+        why="for the Redis connectors, a lookup's EXISTS for every object in one pipeline",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.redis_connector:RedisConnector._batched_async_contains",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:redis_async_contains",
+        versions=LMCACHE,
+        requires=("redis",),
+        why="the asynchronous lookup (async loading) asks one EXISTS at a time as well; one pipeline instead",
+    ),
+    Patch(
+        target="lmcache.v1.storage_backend.connector.redis_connector:RedisClusterConnector._batched_async_contains",
+        replacement="lmcache_platforms.upstream_fixes.redis_reads:redis_async_contains",
+        versions=LMCACHE,
+        requires=("redis",),
+        why="the same one-at-a-time asynchronous lookup on a Redis Cluster",
+    ),
+    Patch(
         target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.remove_sync",
         replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_remote_remove_sync",
         versions=LMCACHE,

@@ -14,6 +14,14 @@ deletes the orphan ``metadata``).
 
 Both connectors also inherit ``remove_sync`` unimplemented (LMCache logs the exception and removes nothing):
 ``wrap_remote_remove_sync`` deletes a chunk's values, which a load that finds a chunk corrupt relies on.
+
+Both ask the store one chunk object at a time: a lookup sends one ``EXISTS`` per object and waits for each
+answer before the next; a load sends two ``GET``s per object, one after the other, at most four objects at a
+time. A chunk is several objects (one per part), so a 2,048-token hit was dozens of round trips. Here both
+connectors announce LMCache's batched forms (``support_batched_get``, ``support_batched_contains``, the async
+lookup's ``_batched_async_contains``) and answer each with one pipeline: every ``EXISTS``, or both values of
+every object, in one round trip (on a cluster, one per node holding some of them, sent together). Each value
+is then checked as above.
 """
 
 from __future__ import annotations
@@ -37,20 +45,30 @@ async def redis_cluster_get(self: Any, key: Any) -> Any:
 
 
 async def _checked_get(self: Any, client: Any, key: Any) -> Any:
-    from lmcache.v1.protocol import RemoteMetadata
-
     key_str = key.to_string()
     async with self.sem:
         metadata_bytes = await client.get(key_str + "metadata")
         if metadata_bytes is None:
             return None
-        metadata = RemoteMetadata.deserialize(memoryview(metadata_bytes))
         kv_bytes = await client.get(key_str + "kv_bytes")
         if kv_bytes is None:
-            logger.warning("Redis has the metadata of LMCache chunk %s but not its bytes (evicted?): a miss",
-                           key_str)
-            await client.delete(key_str + "metadata")
+            await _drop_orphans(client, [key_str])
             return None
+    return _received(self, key_str, metadata_bytes, kv_bytes)
+
+
+async def _drop_orphans(client: Any, key_strs: list[str]) -> None:
+    """Delete the ``metadata`` of chunks whose bytes are gone (evicted by Redis?), so lookups stop finding them."""
+    for key_str in key_strs:
+        logger.warning("Redis has the metadata of LMCache chunk %s but not its bytes (evicted?): a miss", key_str)
+    await client.delete(*(key_str + "metadata" for key_str in key_strs))
+
+
+def _received(self: Any, key_str: str, metadata_bytes: Any, kv_bytes: Any) -> Any:
+    """The chunk's MemoryObj holding ``kv_bytes``, or None (wrong length, no buffer free) with nothing allocated."""
+    from lmcache.v1.protocol import RemoteMetadata
+
+    metadata = RemoteMetadata.deserialize(memoryview(metadata_bytes))
     data = memoryview(kv_bytes.encode() if isinstance(kv_bytes, str) else kv_bytes).cast("B")
     if data.nbytes != metadata.length:
         logger.error("Redis value of LMCache chunk %s holds %d bytes, its metadata says %d: not loaded", key_str,
@@ -68,6 +86,96 @@ async def _checked_get(self: Any, client: Any, key: Any) -> Any:
         memory_obj.ref_count_down()
         raise
     return memory_obj
+
+
+def _pipeline(client: Any) -> Any:
+    """Many commands in one round trip; not a transaction, so a cluster client sends each node its share."""
+    return client.pipeline(transaction=False)
+
+
+async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
+    client = _redis_client(self)
+    key_strs = [key.to_string() for key in keys]
+    async with self.sem:
+        pipe = _pipeline(client)
+        for key_str in key_strs:
+            pipe.get(key_str + "metadata")
+            pipe.get(key_str + "kv_bytes")
+        values = await pipe.execute()
+        pairs = list(zip(key_strs, values[0::2], values[1::2], strict=True))
+        orphans = [key_str for key_str, metadata, data in pairs if metadata is not None and data is None]
+        if orphans:
+            await _drop_orphans(client, orphans)
+    # LMCache loads the objects up to the first it cannot have: none after it is received (or allocated).
+    received: list[Any] = []
+    for key_str, metadata, data in pairs:
+        memory_obj = None
+        if metadata is not None and data is not None and (not received or received[-1] is not None):
+            try:
+                memory_obj = _received(self, key_str, metadata, data)
+            except Exception as exc:  # noqa: BLE001 - one unreadable object is a miss there, as a single read's
+                logger.error("Redis chunk %s cannot be read (%s: %s): not loaded", key_str, type(exc).__name__, exc)
+        received.append(memory_obj)
+    return received
+
+
+async def _present_prefix(self: Any, keys: list[Any]) -> int:
+    """How many of ``keys``, from the first, the store holds (one ``EXISTS`` each, all in one pipeline)."""
+    client = _redis_client(self)
+    async with self.sem:
+        pipe = _pipeline(client)
+        for key in keys:
+            pipe.exists(key.to_string() + "metadata")
+        found = await pipe.execute()
+    return next((index for index, present in enumerate(found) if not present), len(found))
+
+
+def _priority(name: str) -> int:
+    from lmcache.v1.storage_backend.connector.redis_connector import Priorities
+
+    return int(Priorities[name])
+
+
+def wrap_supports_batched(upstream: Any) -> Any:
+    """Patch-catalog wrapper of ``RemoteConnector.support_batched_get`` and ``support_batched_contains``: True
+    for the Redis and Redis Cluster connectors (this module answers both in one round trip), upstream's
+    answer for every other connector."""
+
+    def supported(self: Any) -> bool:
+        return _redis_client(self) is not None or upstream(self)
+
+    return supported
+
+
+def wrap_batched_get(upstream: Any) -> Any:
+    """Patch-catalog wrapper of ``RemoteConnector.batched_get``: for the Redis connectors, every object's two
+    values in one pipeline, each checked as ``redis_get`` checks one (None where it is missing or wrong)."""
+
+    async def batched_get(self: Any, keys: list[Any]) -> list[Any]:
+        if _redis_client(self) is None:
+            return await upstream(self, keys)
+        return await self.pq_executor.submit_job(_batched_get, self, keys, priority=_priority("GET"))
+
+    return batched_get
+
+
+def wrap_batched_contains(upstream: Any) -> Any:
+    """Patch-catalog wrapper of ``RemoteConnector.batched_contains`` (synchronous, called off the connector's
+    loop: LMCache's lookup server, a retrieve): for the Redis connectors, the stored prefix in one pipeline."""
+
+    def batched_contains(self: Any, keys: list[Any]) -> int:
+        if _redis_client(self) is None:
+            return upstream(self, keys)
+        job = self.pq_executor.submit_job(_present_prefix, self, keys, priority=_priority("PEEK"))
+        return asyncio.run_coroutine_threadsafe(job, self.loop).result()
+
+    return batched_contains
+
+
+async def redis_async_contains(self: Any, lookup_id: str, keys: list[Any], pin: bool = False) -> int:
+    """Replacement for both Redis connectors' ``_batched_async_contains`` (LMCache's asynchronous lookup, run by
+    their job executor): the stored prefix in one pipeline instead of one ``EXISTS`` round trip per object."""
+    return await _present_prefix(self, keys)
 
 
 _REMOVE_TIMEOUT_S = 5.0

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.layout.kv_layout import KVLayout
@@ -22,6 +21,7 @@ from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_s
 from lmcache_platforms.tools.fixtures import materialize
 from lmcache_platforms.tools.redis_server import RedisCluster
 from tests.ci import missing
+from tests.connector.remote_reads import parted, upstream_reads
 from tests.connector.test_redis_remote import taken_buffer_objects, taken_buffers
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -36,13 +36,6 @@ def cluster(tmp_path: Path, closable_remote_backends: None) -> Iterator[RedisClu
                 "installs it)")
     with RedisCluster(str(tmp_path)) as started:
         yield started
-
-
-def _parted(engine: LayoutEngine) -> LayoutEngine:
-    """Chunks stored and loaded in parts, as the vLLM engine impl sets it up for a window model."""
-    engine.connector.bind(engine.layout, split=True)
-    adapt_engine(engine.engine, engine.connector.parts, engine.layout.chunk_size)
-    return engine
 
 
 def _keys_per_node(cluster: RedisCluster) -> dict[int, dict[str, int]]:
@@ -77,7 +70,7 @@ def test_a_fresh_engine_loads_parts_another_stored_across_a_redis_cluster(cluste
     request = roundtrip.make_request(layout, tokens, seed=13)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, tokens), remote_url=cluster.url)
     stored = roundtrip.snapshot(layout, request)
-    with _parted(LayoutEngine(layout, storage, kernel_backend="torch")) as writer:
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as writer:
         assert [p.name for p in writer.connector.parts] == ["all", "reach32"]
         writer.store(request.tokens, request.store_ids)
         assert writer.wait_stored(request.tokens, tokens, search_range=["RemoteBackend"]) == tokens
@@ -86,7 +79,7 @@ def test_a_fresh_engine_loads_parts_another_stored_across_a_redis_cluster(cluste
     assert sum(1 for n in held.values() if n["all"] + n["reach32"]) > 1, held  # spread over the nodes
     roundtrip.zero_planes(layout)
 
-    with _parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
         assert reader.lookup(request.tokens, search_range=["LocalCPUBackend"]) == 0
         assert reader.lookup(request.tokens) == tokens
         assert reader.retrieve(request.tokens, request.load_ids) == tokens
@@ -108,7 +101,7 @@ def test_a_fresh_engine_loads_parts_another_stored_across_a_redis_cluster(cluste
 
     # Negative control: the hits are the cluster's. Without chunk 2's full-attention part, on whichever node it
     # lived, a fresh engine finds exactly the two chunks before it.
-    with _parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
         _delete_part(cluster, reader, request.tokens, "all", 2)
         assert reader.lookup(request.tokens) == 2 * layout.chunk_size
 
@@ -132,17 +125,16 @@ def _store_remotely(engine: LayoutEngine, request: roundtrip.Request) -> None:
 def test_a_truncated_value_in_the_cluster_is_a_miss_that_keeps_no_buffer(
         cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch, fixed: bool) -> None:
     """LMCache 0.5.6's cluster connector, like its Redis one, kept the chunk's buffer taken when a value had the
-    wrong length; the catalog's ``redis_reads`` fix covers both (upstream's own ``_get`` is the control)."""
+    wrong length; the catalog's ``redis_reads`` fix covers both, batched or not (upstream's own reads, one
+    object at a time, are the control)."""
     import redis.cluster
     from lmcache.v1.storage_backend.connector.redis_connector import RedisClusterConnector
 
-    import lmcache_platforms
     from lmcache_platforms.upstream_fixes.redis_reads import redis_cluster_get
 
     assert RedisClusterConnector._get is redis_cluster_get
     if not fixed:
-        (record,) = [r for r in lmcache_platforms.activate().registry.records if r.replacement is redis_cluster_get]
-        monkeypatch.setattr(RedisClusterConnector, "_get", record.original)
+        upstream_reads(monkeypatch)
 
     earlier = taken_buffer_objects()
     layout, request, storage = _one_chunk(cluster, seed=3)

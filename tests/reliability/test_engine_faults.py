@@ -190,7 +190,7 @@ def test_redis_stopped_is_a_miss_and_started_again_is_used_again(redis_run, refe
     stop = redis_run["stop"]
     assert_served_as_without_connector(stop, reference)
     assert (stop["lmcache_hit_tokens"], stop["chunks_loaded"], failed_loads(stop["log"])) == (0, 0, [])
-    assert any("Remote connection failed in contains" in line for line in stop["log"]), stop["log"]
+    assert any("Remote connection failed in batched_contains" in line for line in stop["log"]), stop["log"]
     assert [(a["lmcache_hit_tokens"], a["chunks_loaded"]) for a in stop["again"]] == [(0, 0), (256, 4)]
 
 

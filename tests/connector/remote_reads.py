@@ -1,0 +1,75 @@
+"""What the Redis tests share: engines that move chunks in parts, a count of the round trips a connector's Redis
+client makes, and LMCache's own one-object-at-a-time reads put back (the negative controls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lmcache_platforms.connector.instance_adapter import adapt_engine
+from lmcache_platforms.tools.engine import LayoutEngine
+
+UPSTREAM_READ_PATHS = ("support_batched_get", "batched_get", "support_batched_contains", "batched_contains",
+                       "_batched_async_contains", "._get")
+"""The targets (by their ending) of the catalog's Redis read patches: batched reads and lookups, checked reads."""
+
+
+def parted(engine: LayoutEngine) -> LayoutEngine:
+    """Chunks stored and loaded in parts, as the vLLM engine impl sets it up for a window model."""
+    engine.connector.bind(engine.layout, split=True)
+    adapt_engine(engine.engine, engine.connector.parts, engine.layout.chunk_size)
+    return engine
+
+
+def remote_connector(engine: LayoutEngine) -> Any:
+    """LMCache's remote connector (Redis or Redis Cluster) of an engine, out of the wrapper that times it."""
+    return engine.engine.storage_manager.storage_backends["RemoteBackend"].connection.getWrappedConnector()
+
+
+def upstream_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache 0.5.6's Redis read paths back for this test: every catalog patch of them restored to its original."""
+    import lmcache_platforms
+    from lmcache_platforms.patching.patch import resolve_owner
+
+    records = [r for r in lmcache_platforms.activate().registry.records
+               if r.patch.target.endswith(UPSTREAM_READ_PATHS) and "redis_reads" in r.patch.replacement]
+    assert len(records) == 8, [r.patch.target for r in records]
+    for record in records:
+        owner, name = resolve_owner(__import__(record.patch.module, fromlist=["_"]), record.patch.attr)
+        monkeypatch.setattr(owner, name, record.original)
+
+
+class RoundTrips:
+    """The round trips a connector's Redis client makes from now on, each as the number of commands it carries:
+    a single command is 1, a pipeline its length (one round trip; on a cluster, one per node holding some of its
+    keys, sent together). Counted on the real client, whose behaviour is unchanged."""
+
+    def __init__(self, connector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        client = getattr(connector, "cluster", None) or connector.connection
+        self.trips: list[int] = []
+        single, make_pipeline = client.execute_command, client.pipeline
+
+        async def execute_command(*args: Any, **kwargs: Any) -> Any:
+            self.trips.append(1)
+            return await single(*args, **kwargs)
+
+        def pipeline(*args: Any, **kwargs: Any) -> Any:
+            pipe = make_pipeline(*args, **kwargs)
+            run = pipe.execute
+
+            async def execute(*run_args: Any, **run_kwargs: Any) -> Any:
+                self.trips.append(len(pipe))
+                return await run(*run_args, **run_kwargs)
+
+            pipe.execute = execute
+            return pipe
+
+        monkeypatch.setattr(client, "execute_command", execute_command)
+        monkeypatch.setattr(client, "pipeline", pipeline)
+
+    def take(self) -> list[int]:
+        """The round trips since the last take, then start again."""
+        taken = self.trips[:]
+        self.trips.clear()
+        return taken

@@ -1,0 +1,128 @@
+"""A fresh engine's lookup and load of chunks in parts cost one round trip each to Redis (one pipeline), on one
+server and on a Redis Cluster; LMCache 0.5.6 made one per object for a lookup and two per object for a load."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmcache_platforms.connector.parts import part_configs
+from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.tools import roundtrip
+from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
+from lmcache_platforms.tools.fixtures import materialize
+from lmcache_platforms.tools.redis_server import RedisCluster
+from tests.ci import missing
+from tests.connector.remote_reads import RoundTrips, parted, remote_connector, upstream_reads
+from tests.connector.test_redis_remote import taken_buffer_objects, taken_buffers
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+CHUNKS = 4
+PARTS = 2  # gemma3: full attention and a 32-token window, two parts per 64-token chunk
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, closable_remote_backends: None) -> Iterator[str]:
+    if request.param == "redis":
+        yield request.getfixturevalue("redis_url")
+        return
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        missing("redis-server or redis-cli is not on PATH (Debian package redis-server; scripts/test_services.sh "
+                "installs it)")
+    with RedisCluster(str(tmp_path)) as cluster:
+        yield cluster.url
+
+
+def _engine(layout: object, storage: StorageOptions, in_parts: bool) -> LayoutEngine:
+    engine = LayoutEngine(layout, storage, kernel_backend="torch")
+    return parted(engine) if in_parts else engine
+
+
+def _stored(url: str, seed: int, in_parts: bool = True) -> tuple[roundtrip.Request, StorageOptions, object]:
+    """CHUNKS chunks (in parts, or whole) stored in the remote store alone by an engine now closed."""
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=seed)
+    tokens = CHUNKS * layout.chunk_size
+    request = roundtrip.make_request(layout, tokens, seed=seed)
+    storage = StorageOptions(local_cpu=False, max_local_cpu_size=cache_size_gib(layout, tokens), remote_url=url)
+    with _engine(layout, storage, in_parts) as writer:
+        writer.store(request.tokens, request.store_ids)
+        assert writer.wait_stored(request.tokens, tokens, search_range=["RemoteBackend"]) == tokens
+    return request, storage, layout
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "negative-control-upstream"])
+def test_a_lookup_and_a_load_are_one_round_trip_per_part(store_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                          batched: bool) -> None:
+    if not batched:
+        upstream_reads(monkeypatch)
+    request, storage, layout = _stored(store_url, seed=21)
+    tokens = CHUNKS * layout.chunk_size
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+        trips = RoundTrips(remote_connector(reader), monkeypatch)
+        assert reader.lookup(request.tokens) == tokens
+        lookup = trips.take()
+        assert reader.retrieve(request.tokens, request.load_ids) == tokens
+        load = trips.take()
+        formats = reader.connector.part_formats
+        assert reader.connector.binding.counters.bytes_loaded == CHUNKS * formats[0].nbytes + formats[1].nbytes
+    # A lookup asks, part by part, for every chunk from the first it needs: all of them for the full-attention
+    # part, the last one for the window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up and pins
+    # the same objects, checks again that each part's are all held, then LMCache asks once more which tier
+    # holds them and reads them, two values each: every chunk's full-attention part, the window part of the
+    # last chunk only.
+    if batched:
+        assert lookup == [CHUNKS, 1]
+        assert load == [CHUNKS, 1] * 3 + [CHUNKS, 2 * CHUNKS, 1, 2]
+    else:  # one round trip per object asked, two per object read
+        assert lookup == [1] * (CHUNKS + 1)
+        assert load == [1] * (6 * (CHUNKS + 1))
+
+
+def test_the_async_lookup_is_one_round_trip(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache's asynchronous lookup (async loading) asks the connector's ``batched_async_contains``."""
+    request, storage, layout = _stored(redis_url, seed=22)
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+        connector = remote_connector(reader)
+        full = reader.connector.parts[0]
+        keys = [key for _, _, key in reader.engine.token_database.process_tokens(
+            tokens=torch.tensor(request.tokens), request_configs=part_configs(reader.tags, full))]
+        trips = RoundTrips(connector, monkeypatch)
+
+        def ask(asked: list[object]) -> int:
+            job = connector.batched_async_contains("lookup-0", asked)
+            return asyncio.run_coroutine_threadsafe(job, connector.loop).result(timeout=10)
+
+        assert ask(keys) == CHUNKS
+        assert trips.take() == [CHUNKS]
+        assert ask([*keys[:1], keys[0].with_new_worker_id(7), *keys[1:]]) == 1  # stops at the first absent key
+        assert trips.take() == [CHUNKS + 1]
+
+
+def test_a_chunk_whose_bytes_are_gone_ends_the_batched_load_there(store_url: str) -> None:
+    """An object whose ``kv_bytes`` Redis lost (its ``metadata`` left) is a miss in the middle of one batched
+    read: the chunks before it load, the orphan ``metadata`` is deleted, no buffer stays taken. (Whole-chunk
+    objects: in parts, a shorter full-attention part would need a window part the load did not read.)"""
+    import redis
+    import redis.cluster
+
+    earlier = taken_buffer_objects()
+    request, storage, layout = _stored(store_url, seed=23, in_parts=False)
+    with _engine(layout, storage, in_parts=False) as reader:
+        keys = [key for _, _, key in reader.engine.token_database.process_tokens(
+            tokens=torch.tensor(request.tokens), request_configs=reader.tags)]
+        name = keys[2].to_string()
+        port = int(store_url.rsplit(":", 1)[1].split(",")[0])
+        client = (redis.cluster.RedisCluster(host="127.0.0.1", port=port) if store_url.startswith("redis-cluster")
+                  else redis.Redis(host="127.0.0.1", port=port))
+        with client:
+            assert client.delete(name + "kv_bytes") == 1
+            assert reader.retrieve(request.tokens, request.load_ids) == 2 * layout.chunk_size
+            assert client.exists(name + "metadata") == 0
+        assert reader.lookup(request.tokens) == 2 * layout.chunk_size
+    assert taken_buffers(earlier) == 0
