@@ -65,6 +65,11 @@ def _finished(name: str, just_imported: str | None) -> bool:
     return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
+def _circular(exc: ImportError) -> bool:
+    """Whether ``exc`` is Python's refusal to take a name from a module still running its own code."""
+    return "partially initialized module" in str(exc)
+
+
 def _kept(patch: Patch) -> bool:
     """The user asked to keep this upstream symbol (``Patch.kept_by``)."""
     return bool(patch.kept_by) and os.environ.get(patch.kept_by, "").strip().lower() in {"1", "true", "yes", "on"}
@@ -191,13 +196,23 @@ class PatchRegistry:
         for record in batch:
             try:
                 self._apply_one(record)
+            except ImportError as exc:
+                if not _circular(exc):
+                    self._fail(record, exc)
+                    return
+                # The target was imported by a module of ours still running (its replacement imports that
+                # module back): wait for it, as for a replacement module still importing.
+                record.detail = f"waiting for a circular import to finish ({exc})"
             except Exception as exc:  # noqa: BLE001 - any failure must roll everything back, then be reported
-                record.state = PatchState.FAILED
-                record.detail = f"{type(exc).__name__}: {exc}"
-                logger.error("patch of %s failed (%s); rolling back every lmcache_platforms patch",
-                             record.patch.target, record.detail)
-                self.rollback(reason=f"rolled back because {record.patch.target} failed")
+                self._fail(record, exc)
                 return
+
+    def _fail(self, record: PatchRecord, exc: Exception) -> None:
+        record.state = PatchState.FAILED
+        record.detail = f"{type(exc).__name__}: {exc}"
+        logger.error("patch of %s failed (%s); rolling back every lmcache_platforms patch", record.patch.target,
+                     record.detail)
+        self.rollback(reason=f"rolled back because {record.patch.target} failed")
 
     def _apply_one(self, record: PatchRecord) -> None:
         patch = record.patch

@@ -222,3 +222,24 @@ def test_import_targets_applies_pending_patches_or_fails_them_all(modules):
     assert [r.state for r in registry.records] == [PatchState.ROLLED_BACK, PatchState.FAILED]
     assert registry.records[1].detail.startswith(f"cannot import {modules}.absent: ModuleNotFoundError")
     assert sys.modules[f"{modules}.target"].thing() == "upstream"
+
+
+def test_a_target_imported_by_a_module_its_replacement_needs_waits_for_that_import(modules):
+    """A module of ours imports the target (its hook fires mid-way) and the replacement imports that module back:
+    Python refuses the replacement's import while that module runs. The patch waits (pending), is applied by
+    the next retry once the import is done, and nothing is rolled back."""
+    pkg = modules
+    root = pathlib.Path(importlib.import_module(pkg).__file__).parent
+    (root / "side.py").write_text(f"from {pkg} import target\n\ndef helper():\n    return 'ours via side'\n")
+    (root / "ours_circ.py").write_text(f"from {pkg}.side import helper\n\ndef thing():\n    return helper()\n")
+    registry = PatchRegistry([Patch(target=f"{pkg}.target:thing", replacement=f"{pkg}.ours_circ:thing",
+                                    versions="lmcache>=0"), _patch(pkg, "other")])
+    registry.apply()
+    importlib.import_module(f"{pkg}.side")
+    circular, other = registry.records
+    assert circular.state is PatchState.PENDING and "partially initialized module" in circular.detail
+    assert other.state is PatchState.APPLIED and registry.failed == []
+    registry.retry()
+    assert circular.state is PatchState.APPLIED
+    assert sys.modules[f"{pkg}.target"].thing() == "ours via side"
+    registry.rollback()
