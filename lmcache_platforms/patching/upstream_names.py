@@ -53,6 +53,9 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         ("_discard_partial_chunks", "scheduler_side.py"), ("_request_trackers", "scheduler_side.py"),
         ("_unfinished_requests", "scheduler_side.py"), ("_requests_priority", "scheduler_side.py"),
         ("_invalid_block_ids", "worker_loads.py"), ("_stats_monitor", "worker_loads.py"))),
+    # LMCache's fs:// connector: the batched read finds an object's file and reads it with O_DIRECT as upstream.
+    *(UpstreamName("lmcache.v1.storage_backend.connector.fs_connector:FSConnector", name,
+                   "upstream_fixes/fs_reads.py") for name in ("_get_file_path", "_get_with_odirect")),
     # LMCache's manager: its silent "degraded mode" flag and reason.
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed", "integration/vllm/health.py", instance=True),
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed_reason", "integration/vllm/health.py",

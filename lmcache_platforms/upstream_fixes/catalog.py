@@ -112,34 +112,36 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.support_batched_get",
-        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_supports_batched",
+        replacement="lmcache_platforms.upstream_fixes.batched_remote:wrap_supports_batched",
         versions=LMCACHE,
         wrapper=True,
-        why="the Redis connectors fetch a chunk object's two values one after the other, four objects at a time: "
-            "a load of a 2,048-token hit was dozens of round trips; they now announce the batched read below",
+        why="the Redis connectors fetch a chunk object's two values one after the other, four objects at a time, "
+            "and fs:// hands every step of every read to a thread: a load of a 2,048-token hit was dozens of "
+            "round trips or hand-offs; they now announce the batched read below",
     ),
     Patch(
         target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.batched_get",
-        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_batched_get",
+        replacement="lmcache_platforms.upstream_fixes.batched_remote:wrap_batched_get",
         versions=LMCACHE,
         wrapper=True,
         why="for the Redis connectors, every object of a load in one pipeline (one round trip, one per node on a "
-            "cluster), each value checked as the single read checks it",
+            "cluster), each value checked as the single read checks it; for fs://, every file in one thread job",
     ),
     Patch(
         target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.support_batched_contains",
-        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_supports_batched",
+        replacement="lmcache_platforms.upstream_fixes.batched_remote:wrap_supports_batched",
         versions=LMCACHE,
         wrapper=True,
         why="the Redis connectors answer a lookup with one EXISTS round trip per object, each waiting for the "
-            "last; they now announce the batched lookup below",
+            "last, fs:// with one thread hand-off per object; they now announce the batched lookup below",
     ),
     Patch(
         target="lmcache.v1.storage_backend.connector.base_connector:RemoteConnector.batched_contains",
-        replacement="lmcache_platforms.upstream_fixes.redis_reads:wrap_batched_contains",
+        replacement="lmcache_platforms.upstream_fixes.batched_remote:wrap_batched_contains",
         versions=LMCACHE,
         wrapper=True,
-        why="for the Redis connectors, a lookup's EXISTS for every object in one pipeline",
+        why="for the Redis connectors, a lookup's EXISTS for every object in one pipeline; for fs://, the files "
+            "tested in the calling thread",
     ),
     Patch(
         target="lmcache.v1.storage_backend.connector.redis_connector:RedisConnector._batched_async_contains",

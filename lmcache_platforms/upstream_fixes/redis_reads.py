@@ -18,10 +18,10 @@ Both connectors also inherit ``remove_sync`` unimplemented (LMCache logs the exc
 Both ask the store one chunk object at a time: a lookup sends one ``EXISTS`` per object and waits for each
 answer before the next; a load sends two ``GET``s per object, one after the other, at most four objects at a
 time. A chunk is several objects (one per part), so a 2,048-token hit was dozens of round trips. Here both
-connectors announce LMCache's batched forms (``support_batched_get``, ``support_batched_contains``, the async
-lookup's ``_batched_async_contains``) and answer each with one pipeline: every ``EXISTS``, or both values of
-every object, in one round trip (on a cluster, one per node holding some of them, sent together). Each value
-is then checked as above.
+answer LMCache's batched forms (``batched_get``, ``batched_contains``, announced by ``batched_remote``; the
+async lookup's ``_batched_async_contains``) with one pipeline: every ``EXISTS``, or both values of every
+object, in one round trip (on a cluster, one per node holding some of them, sent together). Each value is then
+checked as above.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _pipeline(client: Any) -> Any:
 
 
 async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
-    client = _redis_client(self)
+    client = redis_client(self)
     key_strs = [key.to_string() for key in keys]
     async with self.sem:
         pipe = _pipeline(client)
@@ -121,7 +121,7 @@ async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
 
 async def _present_prefix(self: Any, keys: list[Any]) -> int:
     """How many of ``keys``, from the first, the store holds (one ``EXISTS`` each, all in one pipeline)."""
-    client = _redis_client(self)
+    client = redis_client(self)
     async with self.sem:
         pipe = _pipeline(client)
         for key in keys:
@@ -136,40 +136,16 @@ def _priority(name: str) -> int:
     return int(Priorities[name])
 
 
-def wrap_supports_batched(upstream: Any) -> Any:
-    """Patch-catalog wrapper of ``RemoteConnector.support_batched_get`` and ``support_batched_contains``: True
-    for the Redis and Redis Cluster connectors (this module answers both in one round trip), upstream's
-    answer for every other connector."""
-
-    def supported(self: Any) -> bool:
-        return _redis_client(self) is not None or upstream(self)
-
-    return supported
+async def batched_get(self: Any, keys: list[Any]) -> list[Any]:
+    """A Redis connector's read of ``keys`` (``upstream_fixes.batched_remote``), as a job of its executor."""
+    return await self.pq_executor.submit_job(_batched_get, self, keys, priority=_priority("GET"))
 
 
-def wrap_batched_get(upstream: Any) -> Any:
-    """Patch-catalog wrapper of ``RemoteConnector.batched_get``: for the Redis connectors, every object's two
-    values in one pipeline, each checked as ``redis_get`` checks one (None where it is missing or wrong)."""
-
-    async def batched_get(self: Any, keys: list[Any]) -> list[Any]:
-        if _redis_client(self) is None:
-            return await upstream(self, keys)
-        return await self.pq_executor.submit_job(_batched_get, self, keys, priority=_priority("GET"))
-
-    return batched_get
-
-
-def wrap_batched_contains(upstream: Any) -> Any:
-    """Patch-catalog wrapper of ``RemoteConnector.batched_contains`` (synchronous, called off the connector's
-    loop: LMCache's lookup server, a retrieve): for the Redis connectors, the stored prefix in one pipeline."""
-
-    def batched_contains(self: Any, keys: list[Any]) -> int:
-        if _redis_client(self) is None:
-            return upstream(self, keys)
-        job = self.pq_executor.submit_job(_present_prefix, self, keys, priority=_priority("PEEK"))
-        return asyncio.run_coroutine_threadsafe(job, self.loop).result()
-
-    return batched_contains
+def batched_contains(self: Any, keys: list[Any]) -> int:
+    """A Redis connector's stored prefix of ``keys``; called off the connector's loop (LMCache's lookup server,
+    a retrieve), as upstream's ``exists_sync``."""
+    job = self.pq_executor.submit_job(_present_prefix, self, keys, priority=_priority("PEEK"))
+    return asyncio.run_coroutine_threadsafe(job, self.loop).result()
 
 
 async def redis_async_contains(self: Any, lookup_id: str, keys: list[Any], pin: bool = False) -> int:
@@ -188,7 +164,7 @@ def wrap_remote_remove_sync(upstream: Any) -> Any:
 
     def remove_sync(self: Any, key: Any) -> bool:
         """Remove one chunk from a Redis or Redis Cluster store: whether anything was deleted."""
-        client = _redis_client(self)
+        client = redis_client(self)
         if client is None:
             return upstream(self, key)
         key_str = key.to_string()
@@ -204,7 +180,7 @@ def wrap_remote_remove_sync(upstream: Any) -> Any:
     return remove_sync
 
 
-def _redis_client(connector: Any) -> Any:
+def redis_client(connector: Any) -> Any:
     """The Redis client of LMCache's Redis or Redis Cluster connector, None for any other connector."""
     try:
         from lmcache.v1.storage_backend.connector.redis_connector import RedisClusterConnector, RedisConnector

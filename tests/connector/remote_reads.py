@@ -1,5 +1,6 @@
-"""What the Redis tests share: engines that move chunks in parts, a count of the round trips a connector's Redis
-client makes, and LMCache's own one-object-at-a-time reads put back (the negative controls)."""
+"""What the remote-store tests share: engines that move chunks in parts, counts of the round trips a connector's
+Redis client makes and of the thread hand-offs of the fs:// connector, and LMCache's own one-object-at-a-time
+reads put back (the negative controls)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from lmcache_platforms.tools.engine import LayoutEngine
 
 UPSTREAM_READ_PATHS = ("support_batched_get", "batched_get", "support_batched_contains", "batched_contains",
                        "_batched_async_contains", "._get")
-"""The targets (by their ending) of the catalog's Redis read patches: batched reads and lookups, checked reads."""
+"""The targets (by their ending) of the catalog's remote read patches: batched reads and lookups, checked reads."""
 
 
 def parted(engine: LayoutEngine) -> LayoutEngine:
@@ -28,12 +29,14 @@ def remote_connector(engine: LayoutEngine) -> Any:
 
 
 def upstream_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """LMCache 0.5.6's Redis read paths back for this test: every catalog patch of them restored to its original."""
+    """LMCache 0.5.6's remote read paths back for this test: every catalog patch of them restored to its
+    original."""
     import lmcache_platforms
     from lmcache_platforms.patching.patch import resolve_owner
 
     records = [r for r in lmcache_platforms.activate().registry.records
-               if r.patch.target.endswith(UPSTREAM_READ_PATHS) and "redis_reads" in r.patch.replacement]
+               if r.patch.target.endswith(UPSTREAM_READ_PATHS)
+               and r.patch.replacement.split(":")[0].endswith(("redis_reads", "batched_remote"))]
     assert len(records) == 8, [r.patch.target for r in records]
     for record in records:
         owner, name = resolve_owner(__import__(record.patch.module, fromlist=["_"]), record.patch.attr)
@@ -72,4 +75,25 @@ class RoundTrips:
         """The round trips since the last take, then start again."""
         taken = self.trips[:]
         self.trips.clear()
+        return taken
+
+
+class HandOffs:
+    """The jobs a connector's event loop hands to a thread from now on (``run_in_executor``: what ``aiofiles``
+    does for every open, read and test of a file), counted on the real loop."""
+
+    def __init__(self, connector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        loop = connector.loop
+        self.count = 0
+        hand_off = loop.run_in_executor
+
+        def run_in_executor(*args: Any) -> Any:
+            self.count += 1
+            return hand_off(*args)
+
+        monkeypatch.setattr(loop, "run_in_executor", run_in_executor)
+
+    def take(self) -> int:
+        """The hand-offs since the last take, then start again."""
+        taken, self.count = self.count, 0
         return taken

@@ -1,9 +1,11 @@
 """A fresh engine's lookup and load of chunks in parts cost one round trip each to Redis (one pipeline), on one
-server and on a Redis Cluster; LMCache 0.5.6 made one per object for a lookup and two per object for a load."""
+server and on a Redis Cluster, and one thread hand-off (or none) with ``fs://``; LMCache 0.5.6 paid one per
+object for a lookup and two (Redis) or four (``fs://``) per object read."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,16 +20,17 @@ from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_s
 from lmcache_platforms.tools.fixtures import materialize
 from lmcache_platforms.tools.redis_server import RedisCluster
 from tests.ci import missing
-from tests.connector.remote_reads import RoundTrips, parted, remote_connector, upstream_reads
+from tests.connector.remote_reads import HandOffs, RoundTrips, parted, remote_connector, upstream_reads
 from tests.connector.test_redis_remote import taken_buffer_objects, taken_buffers
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = pytest.mark.slow
 
 CHUNKS = 4
 PARTS = 2  # gemma3: full attention and a 32-token window, two parts per 64-token chunk
 
 
-@pytest.fixture(params=["redis", "redis-cluster"])
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("redis-cluster", marks=pytest.mark.redis)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path, closable_remote_backends: None) -> Iterator[str]:
     if request.param == "redis":
         yield request.getfixturevalue("redis_url")
@@ -57,7 +60,7 @@ def _stored(url: str, seed: int, in_parts: bool = True) -> tuple[roundtrip.Reque
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "negative-control-upstream"])
-def test_a_lookup_and_a_load_are_one_round_trip_per_part(store_url: str, monkeypatch: pytest.MonkeyPatch,
+def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, monkeypatch: pytest.MonkeyPatch,
                                                           batched: bool) -> None:
     if not batched:
         upstream_reads(monkeypatch)
@@ -84,6 +87,7 @@ def test_a_lookup_and_a_load_are_one_round_trip_per_part(store_url: str, monkeyp
         assert load == [1] * (6 * (CHUNKS + 1))
 
 
+@pytest.mark.redis
 def test_the_async_lookup_is_one_round_trip(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """LMCache's asynchronous lookup (async loading) asks the connector's ``batched_async_contains``."""
     request, storage, layout = _stored(redis_url, seed=22)
@@ -126,3 +130,29 @@ def test_a_chunk_whose_bytes_are_gone_ends_the_batched_load_there(store_url: str
             assert client.exists(name + "metadata") == 0
         assert reader.lookup(request.tokens) == 2 * layout.chunk_size
     assert taken_buffers(earlier) == 0
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "negative-control-upstream"])
+def test_fs_lookups_test_files_in_place_and_a_load_reads_each_part_in_one_thread_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closable_remote_backends: None, batched: bool) -> None:
+    if not batched:
+        upstream_reads(monkeypatch)
+    request, storage, layout = _stored(f"fs://localhost:0{tmp_path / 'store'}", seed=24)
+    tokens = CHUNKS * layout.chunk_size
+    stored = roundtrip.snapshot(layout, request)
+    roundtrip.zero_planes(layout)
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+        hand_offs = HandOffs(remote_connector(reader), monkeypatch)
+        assert reader.lookup(request.tokens) == tokens
+        lookup = hand_offs.take()
+        assert reader.retrieve(request.tokens, request.load_ids) == tokens
+        load = hand_offs.take()
+        full = reader.connector.parts[0]
+    if batched:  # files tested in the calling thread; one read job per part
+        assert (lookup, load) == (0, PARTS)
+    else:  # a thread job per object asked (lookup, pin, check, LMCache's tier lookup), four per object read
+        assert (lookup, load) == (CHUNKS + 1, 4 * (CHUNKS + 1) + 4 * (CHUNKS + 1))
+    loaded = roundtrip.snapshot(layout, dataclasses.replace(request, store_ids=request.load_ids))
+    compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()
+                if place[1] in full.transfer_groups or place[0] == (CHUNKS - 1) * layout.chunk_size]
+    assert compared and all(compared)
