@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.layout.parts import chunk_parts
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
@@ -59,21 +61,30 @@ def _stored(url: str, seed: int, in_parts: bool = True) -> tuple[roundtrip.Reque
     return request, storage, layout
 
 
+def _lookup_then_load(request: roundtrip.Request, storage: StorageOptions, layout: object,
+                      counter: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """What ``counter`` (made on a fresh reader's remote connector) counts for a lookup of the stored hit, then for
+    its load (a lookup and pins first, as vLLM's); the load reads every chunk's full-attention part and the
+    window part of the last chunk only."""
+    tokens = CHUNKS * layout.chunk_size
+    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
+        counted = counter(remote_connector(reader))
+        assert reader.lookup(request.tokens) == tokens
+        lookup = counted.take()
+        assert reader.retrieve(request.tokens, request.load_ids) == tokens
+        load = counted.take()
+        formats = reader.connector.part_formats
+        assert reader.connector.binding.counters.bytes_loaded == CHUNKS * formats[0].nbytes + formats[1].nbytes
+    return lookup, load
+
+
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "negative-control-upstream"])
 def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, monkeypatch: pytest.MonkeyPatch,
                                                           batched: bool) -> None:
     if not batched:
         upstream_reads(monkeypatch)
     request, storage, layout = _stored(store_url, seed=21)
-    tokens = CHUNKS * layout.chunk_size
-    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
-        trips = RoundTrips(remote_connector(reader), monkeypatch)
-        assert reader.lookup(request.tokens) == tokens
-        lookup = trips.take()
-        assert reader.retrieve(request.tokens, request.load_ids) == tokens
-        load = trips.take()
-        formats = reader.connector.part_formats
-        assert reader.connector.binding.counters.bytes_loaded == CHUNKS * formats[0].nbytes + formats[1].nbytes
+    lookup, load = _lookup_then_load(request, storage, layout, lambda reader: RoundTrips(reader, monkeypatch))
     # A lookup asks, part by part, for every chunk from the first it needs: all of them for the full-attention
     # part, the last one for the window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up and pins
     # the same objects, checks again that each part's are all held, then LMCache asks once more which tier
@@ -138,21 +149,15 @@ def test_fs_lookups_test_files_in_place_and_a_load_reads_each_part_in_one_thread
     if not batched:
         upstream_reads(monkeypatch)
     request, storage, layout = _stored(f"fs://localhost:0{tmp_path / 'store'}", seed=24)
-    tokens = CHUNKS * layout.chunk_size
     stored = roundtrip.snapshot(layout, request)
     roundtrip.zero_planes(layout)
-    with parted(LayoutEngine(layout, storage, kernel_backend="torch")) as reader:
-        hand_offs = HandOffs(remote_connector(reader), monkeypatch)
-        assert reader.lookup(request.tokens) == tokens
-        lookup = hand_offs.take()
-        assert reader.retrieve(request.tokens, request.load_ids) == tokens
-        load = hand_offs.take()
-        full = reader.connector.parts[0]
+    lookup, load = _lookup_then_load(request, storage, layout, lambda reader: HandOffs(reader, monkeypatch))
     if batched:  # files tested in the calling thread; one read job per part
         assert (lookup, load) == (0, PARTS)
     else:  # a thread job per object asked (lookup, pin, check, LMCache's tier lookup), four per object read
         assert (lookup, load) == (CHUNKS + 1, 4 * (CHUNKS + 1) + 4 * (CHUNKS + 1))
     loaded = roundtrip.snapshot(layout, dataclasses.replace(request, store_ids=request.load_ids))
+    full_groups = chunk_parts(layout)[0].transfer_groups
     compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()
-                if place[1] in full.transfer_groups or place[0] == (CHUNKS - 1) * layout.chunk_size]
+                if place[1] in full_groups or place[0] == (CHUNKS - 1) * layout.chunk_size]
     assert compared and all(compared)
