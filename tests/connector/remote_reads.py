@@ -24,7 +24,7 @@ def parted(engine: LayoutEngine) -> LayoutEngine:
 
 
 def remote_connector(engine: LayoutEngine) -> Any:
-    """LMCache's remote connector (Redis or Redis Cluster) of an engine, out of the wrapper that times it."""
+    """LMCache's remote connector (Redis, Redis Cluster or fs://) of an engine, out of the wrapper that times it."""
     return engine.engine.storage_manager.storage_backends["RemoteBackend"].connection.getWrappedConnector()
 
 
