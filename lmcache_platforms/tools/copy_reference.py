@@ -30,6 +30,33 @@ def best_of_rounds(works: dict[str, Callable[[], object]], sync: Callable[[], No
     return best
 
 
+def graph_seconds(works: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Seconds of GPU time alone for each work on CUDA: captured once in a CUDA graph, replayed ``repeats`` times
+    between two events. Launching from Python costs tens of microseconds per launch, more than a small chunk
+    takes to move; replaying leaves the host out, so this is what the kernels cost the GPU next to a copy."""
+    import torch
+
+    seconds = {}
+    for name, work in works.items():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # CUDA graphs want the work run once off the default stream first
+            work()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            work()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        seconds[name] = start.elapsed_time(end) / 1e3 / repeats
+    return seconds
+
+
 def copiers(num_bytes: int, device) -> dict[str, tuple[Callable[[], object], float]]:
     """Plain copies of ``num_bytes`` between two contiguous uint8 tensors: name -> (work, seconds factor).
 

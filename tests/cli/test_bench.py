@@ -47,6 +47,9 @@ def test_json_result(name, upstream, capsys):
     assert {k: v for k, v in result.items() if "pinned" in k or "host" in k} == dict.fromkeys(
         ("pinned_d2h_GBps", "pinned_h2d_GBps", "store_to_host_GBps", "load_from_host_GBps",
          "store_to_host_x_pinned_copy", "load_from_host_x_pinned_copy"))
+    # So does the GPU time alone (CUDA graph replay).
+    assert {k: v for k, v in result.items() if k.startswith("gpu_")} == dict.fromkeys(
+        ("gpu_store_x_device_copy", "gpu_load_x_device_copy"))
 
 
 def test_explicit_backend_and_mode(capsys):
