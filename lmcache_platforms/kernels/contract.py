@@ -28,6 +28,42 @@ def validate_transfer(planes: Sequence[Plane], slots: torch.Tensor, buffer: torc
     ``slots`` is int64, ``[R]`` (every plane uses the same slots) or ``[P, R]`` (one list per plane);
     negative slots are skipped. ``buffer`` is contiguous, of any dtype, ``buffer_bytes(planes, R)`` bytes.
     """
+    _check_slot_shape(planes, slots)
+    if not buffer.is_contiguous():
+        raise TransferError("the chunk buffer must be contiguous")
+    rows = slots.shape[-1]
+    want = buffer_bytes(planes, rows)
+    got = buffer.numel() * buffer.element_size()
+    if got != want:
+        raise TransferError(f"chunk buffer holds {got} bytes, {rows} rows of these planes need {want}")
+    _check_slot_bounds(planes, slots)
+
+
+def validate_chunks(planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, chunk_stride: int) -> None:
+    """``validate_transfer`` for a batch of N chunks moved by one call (``KernelBackend.transfer_chunks``).
+
+    ``slots`` is int64 ``[N, R]`` or ``[N, P, R]``: chunk i's slots as ``transfer`` takes them; no valid slot
+    may appear in two chunks (a load would write it twice). ``buffer`` is a contiguous uint8 tensor holding
+    chunk i's ``buffer_bytes(planes, R)`` bytes at byte ``i * chunk_stride``; chunks may not overlap.
+    """
+    if slots.dim() not in (2, 3):
+        raise TransferError(f"batched slots must be [N, R] or [N, P, R], got shape {tuple(slots.shape)}")
+    # Every chunk's rows side by side: the slot checks are those of one call over all of them.
+    together = slots.reshape(-1) if slots.dim() == 2 else slots.transpose(0, 1).reshape(slots.shape[1], -1)
+    _check_slot_shape(planes, together)
+    if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
+        raise TransferError("the chunks' buffer must be a contiguous 1-D uint8 tensor")
+    count, per_chunk = slots.shape[0], buffer_bytes(planes, slots.shape[-1])
+    if chunk_stride < per_chunk:
+        raise TransferError(f"chunks {chunk_stride} bytes apart overlap: each holds {per_chunk} bytes")
+    want = (count - 1) * chunk_stride + per_chunk if count else 0
+    if buffer.numel() < want:
+        raise TransferError(f"the chunks' buffer holds {buffer.numel()} bytes, {count} chunks of {per_chunk} bytes "
+                            f"{chunk_stride} bytes apart need {want}")
+    _check_slot_bounds(planes, together)
+
+
+def _check_slot_shape(planes: Sequence[Plane], slots: torch.Tensor) -> None:
     if not planes:
         raise TransferError("a transfer group needs at least one plane")
     if slots.dtype != torch.int64:
@@ -37,13 +73,10 @@ def validate_transfer(planes: Sequence[Plane], slots: torch.Tensor, buffer: torc
             raise TransferError(f"slots has {slots.shape[0]} rows for {len(planes)} planes")
     elif slots.dim() != 1:
         raise TransferError(f"slots must be [R] or [P, R], got shape {tuple(slots.shape)}")
-    if not buffer.is_contiguous():
-        raise TransferError("the chunk buffer must be contiguous")
+
+
+def _check_slot_bounds(planes: Sequence[Plane], slots: torch.Tensor) -> None:
     rows = slots.shape[-1]
-    want = buffer_bytes(planes, rows)
-    got = buffer.numel() * buffer.element_size()
-    if got != want:
-        raise TransferError(f"chunk buffer holds {got} bytes, {rows} rows of these planes need {want}")
     if rows == 0:
         return
     per_plane = slots if slots.dim() == 2 else slots.unsqueeze(0).expand(len(planes), rows)
@@ -81,3 +114,14 @@ class KernelBackend(abc.ABC):
         ``slots`` may be in host memory or on the planes' device: host slots are checked without waiting for
         the device and copied across by the backend (what the connector passes); checking device slots reads
         them back, a synchronisation per call."""
+
+    def transfer_chunks(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                        chunk_stride: int, direction: Direction) -> None:
+        """``transfer`` for a batch of chunks (``validate_chunks`` says what the arguments hold); every chunk
+        is checked before any byte moves. A backend whose cost is per call (a GPU launch from Python) moves
+        the whole batch in one call; this default moves the chunks one by one."""
+        validate_chunks(planes, slots, buffer, chunk_stride)
+        per_chunk = buffer_bytes(planes, slots.shape[-1])
+        for index in range(slots.shape[0]):
+            start = index * chunk_stride
+            self.transfer(planes, slots[index], buffer[start : start + per_chunk], direction)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmcache_platforms.kernels.contract import TransferError, validate_transfer
+from lmcache_platforms.kernels.contract import TransferError, validate_chunks, validate_transfer
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
 # One int64 per field, in this order; the notes become the C struct's comments.
@@ -148,6 +148,29 @@ class PlaneTable:
         """
         if not self._plainly_valid(slots, buffer):
             validate_transfer(planes, slots, buffer)
+
+    def validate_chunks(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                        chunk_stride: int) -> None:
+        """``validate_chunks`` for these planes, the common case checked the same quick way as ``validate``."""
+        if not self._plainly_valid_chunks(slots, buffer, chunk_stride):
+            validate_chunks(planes, slots, buffer, chunk_stride)
+
+    def _plainly_valid_chunks(self, slots: torch.Tensor, buffer: torch.Tensor, chunk_stride: int) -> bool:
+        if slots.dtype != torch.int64 or buffer.dtype != torch.uint8 or buffer.dim() != 1:
+            return False
+        if not buffer.is_contiguous() or slots.dim() not in (2, 3):
+            return False
+        if slots.dim() == 3 and slots.shape[1] != self.capacities.numel():
+            return False
+        count, rows = slots.shape[0], slots.shape[-1]
+        per_chunk = rows * self.row_bytes
+        if chunk_stride < per_chunk or buffer.numel() < ((count - 1) * chunk_stride + per_chunk if count else 0):
+            return False
+        if count == 0 or rows == 0:
+            return True
+        if slots.dim() == 2:
+            return int(slots.max()) < self.min_capacity
+        return bool((slots.amax(dim=(0, 2)).cpu() < self.capacities).all())
 
     def _plainly_valid(self, slots: torch.Tensor, buffer: torch.Tensor) -> bool:
         if slots.dtype != torch.int64 or not buffer.is_contiguous():

@@ -1,8 +1,10 @@
-"""Triton transfer for CUDA and XPU (Intel's Triton backend): one launch per transfer group and direction.
+"""Triton transfer for CUDA and XPU (Intel's Triton backend): one launch per transfer group and direction,
+for one chunk (``transfer``) or a whole batch of chunks (``transfer_chunks``: launching from Python costs tens
+of microseconds, more than the GPU needs to move a small chunk).
 
-The grid is (row, plane, piece of row); each program reads its plane's geometry from an int64 table on the
-device (absolute addresses, so planes may live in different allocations) and moves one piece of one row in
-the widest unit (1, 2, 4 or 8 bytes) that every address and size of the group is a multiple of.
+The grid is (row of the batch, plane, piece of row); each program reads its plane's geometry from an int64
+table on the device (absolute addresses, so planes may live in different allocations) and moves one piece of
+one row in the widest unit (1, 2, 4 or 8 bytes) that every address and size of the group is a multiple of.
 On CPU it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter), which is how CI tests it.
 Triton is imported on first use, never at module import.
 """
@@ -16,8 +18,14 @@ from collections.abc import Sequence
 
 import torch
 
-from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import FIELD, FIELDS, ON_PLANES, TableCache, address_unit
+from lmcache_platforms.kernels.contract import (
+    Direction,
+    KernelBackend,
+    TransferError,
+    validate_chunks,
+    validate_transfer,
+)
+from lmcache_platforms.kernels.plane_table import FIELD, FIELDS, ON_PLANES, PlaneTable, TableCache, address_unit
 from lmcache_platforms.layout.plane import Plane
 
 GPU_DEVICES = ("cuda", "xpu")
@@ -50,9 +58,11 @@ def _kernel():
     def transfer_kernel(
         table_ptr,
         slots_ptr,
+        slots_chunk_stride,
         slots_plane_stride,
         num_rows,
         buffer_ptr,
+        buffer_chunk_stride,
         FIELD_COUNT: tl.constexpr,
         BASE: tl.constexpr,
         BLOCK_STRIDE: tl.constexpr,
@@ -67,7 +77,9 @@ def _kernel():
         STORE: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        row = tl.program_id(0).to(tl.int64)
+        batch_row = tl.program_id(0).to(tl.int64)
+        chunk = batch_row // num_rows
+        row = batch_row - chunk * num_rows
         plane = tl.program_id(1).to(tl.int64)
         piece = tl.program_id(2).to(tl.int64)
         entry = table_ptr + plane * FIELD_COUNT
@@ -79,7 +91,7 @@ def _kernel():
         segment_stride = tl.load(entry + SEGMENT_STRIDE)
         row_bytes = tl.load(entry + ROW_BYTES)
         buffer_prefix = tl.load(entry + BUFFER_PREFIX)
-        slot = tl.load(slots_ptr + plane * slots_plane_stride + row)
+        slot = tl.load(slots_ptr + chunk * slots_chunk_stride + plane * slots_plane_stride + row)
         safe = tl.maximum(slot, 0)
         block = safe // rows_per_block
         in_block = safe - block * rows_per_block
@@ -89,7 +101,7 @@ def _kernel():
         within = offs - segment * segment_bytes
         plane_addr = base + block * block_stride + in_block * row_stride + segment * segment_stride + within
         plane_ptrs = plane_addr.to(tl.pointer_type(UNIT_DTYPE))
-        buffer_addr = buffer_ptr + buffer_prefix * num_rows + row * row_bytes + offs
+        buffer_addr = buffer_ptr + chunk * buffer_chunk_stride + buffer_prefix * num_rows + row * row_bytes + offs
         buffer_ptrs = buffer_addr.to(tl.pointer_type(UNIT_DTYPE))
         if STORE:
             tl.store(buffer_ptrs, tl.load(plane_ptrs, mask=mask), mask=mask)
@@ -155,6 +167,19 @@ class TritonBackend(KernelBackend):
     ) -> None:
         if not planes:
             validate_transfer(planes, slots, buffer)
+        entry = self._entry(planes, buffer, direction)
+        entry.validate(planes, slots, buffer)
+        self._launch(entry, planes, slots.unsqueeze(0), buffer.reshape(-1).view(torch.uint8), 0, direction)
+
+    def transfer_chunks(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                        chunk_stride: int, direction: Direction) -> None:
+        if not planes:
+            validate_chunks(planes, slots, buffer, chunk_stride)
+        entry = self._entry(planes, buffer, direction)
+        entry.validate_chunks(planes, slots, buffer, chunk_stride)
+        self._launch(entry, planes, slots, buffer, chunk_stride, direction)
+
+    def _entry(self, planes: Sequence[Plane], buffer: torch.Tensor, direction: Direction) -> PlaneTable:
         entry = self._tables[direction].entry(planes, ON_PLANES)
         device = entry.device
         reason = _unsupported_devices({device.type})
@@ -162,23 +187,29 @@ class TritonBackend(KernelBackend):
             raise TransferError(reason)
         if buffer.device != device:
             raise TransferError(f"the triton backend needs the buffer on {device}, got {buffer.device}")
-        entry.validate(planes, slots, buffer)
-        rows = slots.shape[-1]
-        if rows == 0:
+        return entry
+
+    def _launch(self, entry: PlaneTable, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                chunk_stride: int, direction: Direction) -> None:
+        """One launch over every row of every chunk: ``slots`` ``[N, R]`` or ``[N, P, R]``, checked."""
+        chunks, rows = slots.shape[0], slots.shape[-1]
+        if chunks == 0 or rows == 0:
             return
         kernel, _ = _kernel()
         # Slots on the host (as the connector passes them) were checked there and cross without a device sync.
-        slots = slots.to(device, non_blocking=True).contiguous()
-        unit = math.gcd(entry.address_unit, buffer.data_ptr())
+        slots = slots.to(entry.device, non_blocking=True).contiguous()
+        unit = math.gcd(entry.address_unit, buffer.data_ptr(), chunk_stride)
         widest = entry.widest_row // unit
         block = min(self.block, 1 << max(0, (widest - 1).bit_length()))
-        grid = (rows, len(planes), -(-widest // block))
+        grid = (chunks * rows, len(planes), -(-widest // block))
         kernel[grid](
             entry.table,
             slots,
-            rows if slots.dim() == 2 else 0,
+            slots.stride(0),
+            slots.stride(1) if slots.dim() == 3 else 0,
             rows,
-            buffer.reshape(-1).view(torch.uint8),
+            buffer,
+            chunk_stride,
             **launch_constants(unit, direction, block),
         )
 

@@ -41,6 +41,63 @@ def assert_load_matches_torch(backend: KernelBackend, planes, slots, seed: int) 
     assert torch.equal(buffer, kept), "a load wrote into the buffer"
 
 
+def assert_chunks_match_torch(backend: KernelBackend, planes, slots, gap: int, seed: int) -> None:
+    """``transfer_chunks`` over N chunks ``gap`` bytes apart against ``torch`` moving each chunk alone: the same
+    bytes both ways, nothing written between the chunks by a store, nothing into the buffer by a load."""
+    count, rows = slots.shape[0], slots.shape[-1]
+    per_chunk = buffer_bytes(planes, rows)
+    stride = per_chunk + gap
+    size = max(0, (count - 1) * stride + per_chunk) + gap
+    gen = torch.Generator().manual_seed(seed)
+    before = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen).to(slots.device)
+    snapshot = [a.clone() for a in allocations(planes)]
+    got, want = before.clone(), before.clone()
+    backend.transfer_chunks(planes, slots, got, stride, Direction.STORE)
+    for index in range(count):
+        TORCH.transfer(planes, slots[index], want[index * stride : index * stride + per_chunk], Direction.STORE)
+    assert torch.equal(got, want)
+    for plane_bytes, original in zip(allocations(planes), snapshot, strict=True):
+        assert torch.equal(plane_bytes, original), "a store wrote into a plane"
+    reference = clone_planes(planes)
+    kept = before.clone()
+    backend.transfer_chunks(planes, slots, before, stride, Direction.LOAD)
+    for index in range(count):
+        TORCH.transfer(reference, slots[index], before[index * stride : index * stride + per_chunk], Direction.LOAD)
+    for got_plane, want_plane in zip(allocations(planes), allocations(reference), strict=True):
+        assert torch.equal(got_plane, want_plane)
+    assert torch.equal(before, kept), "a load wrote into the buffer"
+
+
+def check_chunk_refusals(backend: KernelBackend) -> None:
+    """Bad batches raise TransferError naming the problem, and no chunk is written: the bad slot is in the
+    last chunk, so a backend moving chunk by chunk before checking them all would have written the first."""
+    planes = small_group()
+    per_chunk = buffer_bytes(planes, 2)
+    good = torch.tensor([[0, 1], [2, 3]], dtype=torch.int64)
+    cases = [
+        (torch.tensor([[0, 1], [2, 8]]), per_chunk, 2 * per_chunk, r"slot 8 is beyond plane 'k' of layer 'l0'"),
+        (torch.tensor([[[0, 1], [2, 3]], [[4, 5], [6, 9]]]), per_chunk, 2 * per_chunk, "slot 9 is beyond plane 'v'"),
+        (good, per_chunk - 1, 2 * per_chunk, "chunks 31 bytes apart overlap: each holds 32 bytes"),
+        (good, per_chunk, 2 * per_chunk - 1,
+         "the chunks' buffer holds 63 bytes, 2 chunks of 32 bytes 32 bytes apart need 64"),
+        (good.to(torch.int32), per_chunk, 2 * per_chunk, "slots must be int64"),
+        (good[0], per_chunk, 2 * per_chunk, r"batched slots must be \[N, R\] or \[N, P, R\], got shape \(2,\)"),
+        (torch.zeros((2, 3, 2), dtype=torch.int64), per_chunk, 2 * per_chunk, "slots has 3 rows for 2 planes"),
+    ]
+    for slots, stride, size, message in cases:
+        for direction in Direction:
+            buffer = torch.full((size,), 0xAB, dtype=torch.uint8)
+            before = planes[0].storage.clone()
+            with pytest.raises(TransferError, match=message):
+                backend.transfer_chunks(planes, slots, buffer, stride, direction)
+            assert torch.equal(planes[0].storage, before)
+            assert bool((buffer == 0xAB).all())
+    for direction in Direction:
+        with pytest.raises(TransferError, match="the chunks' buffer must be a contiguous 1-D uint8 tensor"):
+            backend.transfer_chunks(planes, good, torch.zeros(2 * per_chunk // 4, dtype=torch.int32), per_chunk,
+                                    direction)
+
+
 def small_group() -> list[Plane]:
     """Two planes of 4 blocks x 2 rows x 8 bytes over one allocation."""
     storage = storage_of(torch.arange(128, dtype=torch.uint8))

@@ -108,6 +108,21 @@ def transfer_cases(draw, max_planes: int = 4, max_rows: int = 12) -> tuple[list[
 
 
 @st.composite
+def chunk_cases(draw, max_planes: int = 4, max_rows: int = 12) -> tuple[list[Plane], torch.Tensor, int]:
+    """(planes, slots ``[N, R]`` or ``[N, P, R]``, gap): a ``transfer_cases`` slot list cut into N chunks of R
+    rows (no valid slot in two chunks), and the bytes left free between chunks in the batch buffer."""
+    planes, slots = draw(transfer_cases(max_planes, max_rows))
+    rows = slots.shape[-1]
+    chunks = draw(st.sampled_from([n for n in (1, 2, 3) if rows % n == 0]))
+    per_chunk = rows // chunks
+    if slots.dim() == 1:
+        batched = slots.reshape(chunks, per_chunk)
+    else:
+        batched = slots.reshape(len(planes), chunks, per_chunk).transpose(0, 1).contiguous()
+    return planes, batched, draw(st.integers(0, 9))
+
+
+@st.composite
 def slot_lists(draw, capacity: int, rows: int) -> list[int]:
     """``rows`` slots below ``capacity``: distinct when valid, -1 holes, runs of consecutive slots often."""
     if draw(st.booleans()):

@@ -26,9 +26,9 @@ AMD_ARCH = "gfx942"
 BLOCK = triton_backend.TritonBackend.block
 # The signature the JIT builds for a launch: int64 table and slots, the byte view of the buffer, sizes that fit
 # 32 bits, and the tensors' 16-byte alignment (PyTorch's allocations) as divisibility hints.
-SIGNATURE = {"table_ptr": "*i64", "slots_ptr": "*i64", "slots_plane_stride": "i32", "num_rows": "i32",
-             "buffer_ptr": "*u8"}
-ALIGNED = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]}
+SIGNATURE = {"table_ptr": "*i64", "slots_ptr": "*i64", "slots_chunk_stride": "i32", "slots_plane_stride": "i32",
+             "num_rows": "i32", "buffer_ptr": "*u8", "buffer_chunk_stride": "i32"}
+ALIGNED = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (5,): [["tt.divisibility", 16]]}
 TABLE_LOADS = 9  # eight plane-table fields and the row's slot, each one 64-bit load per thread
 AMD_LOAD = {1: "ubyte", 2: "ushort", 4: "dword", 8: "dwordx2"}
 AMD_STORE = {1: "byte", 2: "short", 4: "dword", 8: "dwordx2"}

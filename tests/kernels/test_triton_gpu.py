@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.kernels import triton_backend
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
-from tests.kernels.checks import assert_load_matches_torch, assert_store_matches_torch
-from tests.kernels.strategies import on_device, storage_of, transfer_cases
+from tests.kernels.checks import assert_chunks_match_torch, assert_load_matches_torch, assert_store_matches_torch
+from tests.kernels.strategies import chunk_cases, on_device, storage_of, transfer_cases
 
 
 def gpu() -> torch.device | None:
@@ -39,6 +39,15 @@ def test_store_and_load_match_torch_on_the_gpu(case, seed):
     backend = triton_backend.TritonBackend()
     assert_store_matches_torch(backend, planes, slots, seed)
     assert_load_matches_torch(backend, planes, slots, seed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=chunk_cases(max_planes=4, max_rows=12), seed=st.integers(0, 1000))
+def test_a_batch_of_chunks_in_one_launch_matches_torch_on_the_gpu(case, seed):
+    assert DEVICE is not None
+    planes, slots, gap = case
+    planes, slots = on_device(planes, slots, DEVICE)
+    assert_chunks_match_torch(triton_backend.TritonBackend(), planes, slots, gap, seed)
 
 
 @pytest.mark.parametrize("block", [8, triton_backend.TritonBackend.block])

@@ -11,12 +11,14 @@ from lmcache_platforms.kernels import triton_backend
 from lmcache_platforms.kernels.contract import Direction
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.checks import (
+    assert_chunks_match_torch,
     assert_load_matches_torch,
     assert_store_matches_torch,
+    check_chunk_refusals,
     check_refusals,
     interpreter,
 )
-from tests.kernels.strategies import storage_of, transfer_cases
+from tests.kernels.strategies import chunk_cases, storage_of, transfer_cases
 
 pytest.importorskip("triton")
 
@@ -44,9 +46,17 @@ def test_wide_units_and_multi_piece_rows(unit):
         assert_load_matches_torch(backend, planes, slots, unit)
 
 
+@settings(max_examples=25, deadline=None)
+@given(case=chunk_cases(max_planes=3, max_rows=6), seed=st.integers(0, 1000))
+def test_a_batch_of_chunks_in_one_launch_matches_torch_chunk_by_chunk(case, seed):
+    with interpreter() as backend:
+        assert_chunks_match_torch(backend, *case, seed)
+
+
 def test_refusals():
     with interpreter() as backend:
         check_refusals(backend)
+        check_chunk_refusals(backend)
 
 
 def test_availability_without_interpreter_or_gpu(monkeypatch):
