@@ -6,7 +6,7 @@ registers its KV caches, so everything layout-dependent lives here and is built 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,10 @@ from lmcache_platforms.connector.streams import Scratch, TransferStreams, platfo
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.registry import select_backend
 from lmcache_platforms.layout.kv_layout import KVLayout
+
+# Device scratch a batch of chunks is staged through (per direction): each launch moves as many chunks as fit,
+# at least one. vLLM sized its KV cache without it, so it stays small next to GPU memory.
+BATCH_SCRATCH_BYTES = 64 << 20
 
 
 def layout_device(layout: KVLayout) -> torch.device:
@@ -54,6 +58,7 @@ class TransferCounters:
     # MemoryObj bytes written by stores and read by loads (padding included): what the tiers hold and serve.
     bytes_stored: int = 0
     bytes_loaded: int = 0
+    # Transfer-group moves, one per chunk and launch of its format (a backend may make a batch's in one call).
     launches: int = 0
     # Chunk objects a load refused because their checksum did not match (nothing of their batch was written).
     objects_corrupt: int = 0
@@ -120,19 +125,26 @@ class LayoutBinding:
         """``request_configs`` entries that put the layout into LMCache's keys (pass them to every call)."""
         return {LAYOUT_TAG: self.fingerprint}
 
-    def slots_per_chunk(self, fmt: ChunkFormat, block_ids: Sequence[torch.Tensor], starts: Sequence[int],
-                        ends: Sequence[int]) -> list[dict[int, torch.Tensor]]:
-        """For each chunk ``[starts[i], ends[i])``, the slots of every group ``fmt`` moves (by group index), for
-        the whole batch in one pass per group. They stay in host memory whatever the KV caches' device: each
-        kernel backend checks them there and copies them across itself, where checking them on the device
-        would wait for it at every launch (measured on an H200: a store ran at 2% of a device copy). Off CPU
-        they are pinned, or each copy from pageable memory would wait for the launches queued before it."""
+    def chunk_slots(self, fmt: ChunkFormat, block_ids: Sequence[torch.Tensor], starts: Sequence[int],
+                    ends: Sequence[int]) -> dict[int, torch.Tensor]:
+        """The slots of every group ``fmt`` moves (by group index) for the chunks ``[starts[i], ends[i])``,
+        ``[chunks, rows]`` each, made in one pass per group. They stay in host memory whatever the KV caches'
+        device: each kernel backend checks them there and copies them across itself, where checking them on
+        the device would wait for it at every launch (measured on an H200: a store ran at 2% of a device
+        copy). Off CPU they are pinned, or each copy from pageable memory would wait for the launches queued
+        before it."""
         bounds = list(zip(starts, ends, strict=True))
         table = {group: self.layout.group_chunks_slots(group, block_ids, bounds)
                  for group in dict.fromkeys(launch.tg.group for launch in fmt.launches)}
         if self.device.type != "cpu":
             table = {group: slots.pin_memory() for group, slots in table.items()}
-        return [{group: slots[i] for group, slots in table.items()} for i in range(len(bounds))]
+        return table
+
+    def slots_per_chunk(self, fmt: ChunkFormat, block_ids: Sequence[torch.Tensor], starts: Sequence[int],
+                        ends: Sequence[int]) -> list[dict[int, torch.Tensor]]:
+        """``chunk_slots`` cut into one mapping per chunk (what ``store`` and ``load`` take)."""
+        table = self.chunk_slots(fmt, block_ids, starts, ends)
+        return [{group: slots[i] for group, slots in table.items()} for i in range(len(starts))]
 
     def layer_launches(self, fmt: ChunkFormat) -> tuple[tuple[str, tuple[Launch, ...]], ...]:
         """``fmt``'s launches cut by layer, in the layout's layer order (``chunk_format.layer_launches``)."""
@@ -178,6 +190,54 @@ class LayoutBinding:
     def corrupt(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[int]:
         """Indices of the objects whose payload does not match their trailer; check before loading any."""
         return checksum.mismatched(hosts, fmt.payload_bytes)
+
+    def store_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor]) -> None:
+        """Planes -> every object of ``hosts`` (``slots`` from ``chunk_slots``); call inside ``streams.storing()``.
+        Staged through device scratch, each launch moves a scratch-full of chunks at once (see
+        ``BATCH_SCRATCH_BYTES``), then one copy per chunk crosses to the host."""
+        if not self.scratch:
+            for index, host in enumerate(hosts):
+                self.store(fmt, host, {group: rows[index] for group, rows in slots.items()})
+            return
+        self._check_usable()
+        for first, count, scratch in self._batches(fmt, len(hosts), Direction.STORE):
+            for launch in fmt.launches:
+                self._launch_chunks(launch, slots, first, count, scratch, fmt.payload_bytes, Direction.STORE)
+            for index in range(count):
+                piece = scratch[index * fmt.payload_bytes : (index + 1) * fmt.payload_bytes]
+                hosts[first + index][: fmt.payload_bytes].copy_(piece, non_blocking=True)
+
+    def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor]) -> None:
+        """Every object of ``hosts`` -> planes (``slots`` from ``chunk_slots``); call inside ``streams.loading()``.
+        Staged through device scratch: one copy per chunk across, then each launch moves a scratch-full."""
+        if not self.scratch:
+            for index, host in enumerate(hosts):
+                self.load(fmt, host, {group: rows[index] for group, rows in slots.items()})
+            return
+        self._check_usable()
+        for first, count, scratch in self._batches(fmt, len(hosts), Direction.LOAD):
+            for index in range(count):
+                piece = scratch[index * fmt.payload_bytes : (index + 1) * fmt.payload_bytes]
+                piece.copy_(hosts[first + index][: fmt.payload_bytes], non_blocking=True)
+            for launch in fmt.launches:
+                self._launch_chunks(launch, slots, first, count, scratch, fmt.payload_bytes, Direction.LOAD)
+
+    def _batches(self, fmt: ChunkFormat, chunks: int, direction: Direction) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(first chunk, chunk count, scratch holding them side by side) for the chunks of one call. One scratch
+        per direction serves every batch: the transfer stream runs a batch's copies before the next batch's
+        launches overwrite it."""
+        step = max(1, BATCH_SCRATCH_BYTES // fmt.payload_bytes)
+        for first in range(0, chunks, step):
+            count = min(step, chunks - first)
+            yield first, count, self.scratch[direction].get(count * fmt.payload_bytes)
+
+    def _launch_chunks(self, launch: Launch, slots: Mapping[int, torch.Tensor], first: int, count: int,
+                       scratch: torch.Tensor, stride: int, direction: Direction) -> None:
+        backend = self._backends[id(launch.planes)]
+        rows = slots[launch.tg.group][first : first + count]
+        backend.transfer_chunks(launch.planes, rows, scratch[launch.offset :], stride, direction)
+        self.counters.launches += count
+        self.counters.backends.add(backend.name)
 
     def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor],
              launches: Sequence[Launch] | None = None) -> None:

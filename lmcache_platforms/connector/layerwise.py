@@ -83,10 +83,8 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             check_chunk(binding.layout, start, end)
         for step, fmt in enumerate(self.formats):
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs[step], starts, ends, strict=True)]
-            slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.storing():
-                for host, chunk_slots in zip(hosts, slots, strict=True):
-                    binding.store(fmt, host, chunk_slots)
+                binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
             yield
             binding.streams.finish_store()
             binding.seal(fmt, hosts)
@@ -107,10 +105,8 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             if corrupt:
                 raise ChecksumMismatch(f"layerwise step {step}: the stored objects of chunks "
                                        f"{[(starts[i], ends[i]) for i in corrupt]} fail their checksum")
-            slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
             with binding.streams.loading():
-                for host, chunk_slots in zip(hosts, slots, strict=True):
-                    binding.load(fmt, host, chunk_slots)
+                binding.load_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
         yield
         binding.streams.finish_load()
         binding.counters.chunks_loaded += len(starts)

@@ -4,12 +4,13 @@ The planes are CPU tensors that the fake runtime claims as accelerator memory (`
 the accelerator platform), so the kernels really run, on CPU, while every stream, event and copy request
 goes to the recording fake. What the log must show, per direction:
 
-- store: the store stream first waits for the compute stream (the forward's writes), each chunk's kernel
-  fills the store scratch ON the store stream, then one non-blocking copy per chunk takes the scratch to
-  the MemoryObj, still on the store stream; the store stream is synchronized before LMCache gets the
-  MemoryObjs; the KV cache is never written;
-- load: each chunk is copied MemoryObj -> load scratch on the load stream, the kernel writes the KV cache
-  from it on the load stream; then an event recorded on the load stream is waited on by the compute stream
+- store: the store stream first waits for the compute stream (the forward's writes), the kernels fill the
+  store scratch with every chunk of the batch ON the store stream, then one non-blocking copy per chunk takes
+  its part of the scratch to its MemoryObj, still on the store stream; the store stream is synchronized before
+  LMCache gets the MemoryObjs; the KV cache is never written;
+- load: each chunk is copied MemoryObj -> its part of the load scratch on the load stream, then the kernels
+  write the KV cache from it on the load stream; then an event recorded on the load stream is waited on by
+  the compute stream
   (it must not read rows before they land) and the load stream is synchronized (LMCache frees the
   MemoryObjs next); the two directions never share a scratch buffer.
 """
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 from lmcache_platforms.connector import binding as binding_module
+from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.kernels.contract import Direction
 from lmcache_platforms.layout import load_layout_spec
@@ -93,16 +95,17 @@ def kernel(stream: str, source: str, target: str) -> Entry:
 
 
 def expected_store(store: str, chunks: int) -> list[Entry]:
-    """Each chunk's rows gathered and copied to its host object on the store stream; once that stream is
-    synchronized, each object's checksum trailer is written on the host (sealed only when its bytes are final)."""
-    per_chunk = [kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)]
-    return [("wait_stream", store, "default"), ("enter", store), *per_chunk * chunks, ("exit", store),
+    """The batch's rows gathered into the scratch, then each chunk's part copied to its host object, on the
+    store stream; once that stream is synchronized, each object's checksum trailer is written on the host
+    (sealed only when its bytes are final)."""
+    gather, copy = kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)
+    return [("wait_stream", store, "default"), ("enter", store), gather, *[copy] * chunks, ("exit", store),
             ("stream_synchronize", store), *[("copy", "default", None, "host", False)] * chunks]
 
 
 def expected_load(load: str, chunks: int, event: str) -> list[Entry]:
-    per_chunk = [("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")]
-    return [("enter", load), *per_chunk * chunks, ("exit", load), ("record", event, load),
+    copy, scatter = ("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")
+    return [("enter", load), *[copy] * chunks, scatter, ("exit", load), ("record", event, load),
             ("wait_event", "default", event), ("stream_synchronize", load)]
 
 
@@ -127,6 +130,29 @@ def test_store_and_load_order_of_waits_records_and_copies(accelerator, name: str
     assert len(events) == 1
     assert load_log == expected_load(load.name, chunks, events[0])
     assert binding.scratch[Direction.STORE]._buffer.data_ptr() != binding.scratch[Direction.LOAD]._buffer.data_ptr()
+
+
+def test_a_batch_larger_than_the_scratch_moves_a_scratch_full_at_a_time(accelerator, monkeypatch) -> None:
+    """With room for three chunks, each launch moves three chunks (the last batch one), and each batch's copies
+    are queued before the next batch's kernels overwrite the one scratch, on the same stream."""
+    _, runtime = accelerator
+    spec = load_layout_spec("deepseek-v4-small")
+    layout = materialize(spec, "bundled", seed=11)
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=2)
+    chunks = len(request.chunks(layout.chunk_size, request.stored_tokens))
+    assert chunks == 4
+    monkeypatch.setattr(binding_module, "BATCH_SCRATCH_BYTES", 3 * paged_format(layout).payload_bytes + 1)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, spec.num_tokens))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        store, load = engine.connector.store_stream.name, engine.connector.load_stream.name
+        store_log, load_log, verdict = _watched_round_trip(layout, request, engine, runtime)
+        assert engine.connector.binding.scratch[Direction.STORE]._buffer.numel() == 3 * paged_format(
+            layout).payload_bytes
+    assert verdict.bit_exact, verdict.problems
+    gather, copy_out = kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)
+    assert store_log[2:-2 - chunks] == [gather, copy_out, copy_out, copy_out, gather, copy_out]
+    copy_in, scatter = ("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")
+    assert load_log[1:-4] == [copy_in, copy_in, copy_in, scatter, copy_in, scatter]
 
 
 def _watched_round_trip(layout: Any, request: Any, engine: Any, runtime: Any) -> tuple[list, list, Any]:
