@@ -66,12 +66,15 @@ def _fail(message: str) -> int:
 
 
 @dataclass
-class Move:
-    """One transfer group of one chunk: its planes, slots and chunk buffer."""
+class Batch:
+    """One transfer group of a run of chunks, moved by one call (``transfer_chunks``) as the connector's binding
+    moves them: its planes, the chunks' slots ``[count, rows]``, the buffer from the group's bytes of the run's
+    first chunk on, and the bytes from one chunk's object to the next."""
 
     planes: tuple[Plane, ...]
     slots: torch.Tensor
     buffer: torch.Tensor
+    stride: int
 
 
 def _synchronizer(device) -> Callable[[], None]:
@@ -98,24 +101,28 @@ def _block_ids(spec):
     return ids
 
 
-def _moves(layout, block_ids, chunks: int, device) -> list[tuple[torch.Tensor, list[Move]]]:
-    """Per chunk: its object (the connector's chunk format) and one move per transfer group into its region."""
+def _batches(layout, block_ids, chunks: int, device) -> tuple[list[torch.Tensor], list[Batch], int]:
+    """One object per chunk (the connector's chunk format, side by side in one allocation), the calls that
+    move them (per run of chunks as many as the connector's staging scratch holds, one per transfer group),
+    and the launches per chunk."""
     import torch
 
+    from lmcache_platforms.connector.binding import BATCH_SCRATCH_BYTES
     from lmcache_platforms.connector.chunk_format import paged_format
 
     fmt = paged_format(layout)
-    pinned = device.type != "cpu"  # slots as the connector passes them (``LayoutBinding.slots_per_chunk``)
-    out = []
-    for c in range(chunks):
-        start, end = c * layout.chunk_size, (c + 1) * layout.chunk_size
-        obj = torch.zeros(fmt.nbytes, dtype=torch.uint8, device=device)
-        out.append((obj, [
-            Move(launch.planes, _pinned_if(layout.chunk_slots(launch.tg, block_ids, start, end), pinned),
-                 obj[launch.offset : launch.offset + launch.nbytes])
-            for launch in fmt.launches
-        ]))
-    return out
+    pinned = device.type != "cpu"  # slots as the connector passes them (``LayoutBinding.chunk_slots``)
+    whole = torch.zeros(chunks * fmt.nbytes, dtype=torch.uint8, device=device)
+    objects = [whole[c * fmt.nbytes : (c + 1) * fmt.nbytes] for c in range(chunks)]
+    step = max(1, BATCH_SCRATCH_BYTES // fmt.payload_bytes)
+    batches = []
+    for first in range(0, chunks, step):
+        run = range(first, min(chunks, first + step))
+        bounds = [(c * layout.chunk_size, (c + 1) * layout.chunk_size) for c in run]
+        for launch in fmt.launches:
+            slots = _pinned_if(layout.group_chunks_slots(launch.tg.group, block_ids, bounds), pinned)
+            batches.append(Batch(launch.planes, slots, whole[first * fmt.nbytes + launch.offset :], fmt.nbytes))
+    return objects, batches, len(fmt.launches)
 
 
 def _pinned_if(tensor: torch.Tensor, pinned: bool) -> torch.Tensor:
@@ -180,20 +187,20 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     from lmcache_platforms.config import PlatformSettings
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.kernels.registry import select_backend
+    from lmcache_platforms.layout.plane import buffer_bytes
     from lmcache_platforms.tools.fixtures import materialize
 
     settings = PlatformSettings.load()
     layout = materialize(spec, args.mode, device=device, seed=args.seed, rows=settings.chunk_rows)
     preference = args.backend or settings.kernel_backend
     backend = select_backend([p for tg in layout.transfer_groups for p in tg.planes], device, preference)
-    moves = _moves(layout, block_ids, chunks, device)
-    moved = sum(m.buffer.numel() for _, chunk in moves for m in chunk)
+    objects, batches, launches = _batches(layout, block_ids, chunks, device)
+    moved = sum(batch.slots.shape[0] * buffer_bytes(batch.planes, batch.slots.shape[-1]) for batch in batches)
 
     def run(direction: Direction) -> Callable[[], None]:
         def move() -> None:
-            for _, chunk in moves:
-                for m in chunk:
-                    backend.transfer(m.planes, m.slots, m.buffer, direction)
+            for batch in batches:
+                backend.transfer_chunks(batch.planes, batch.slots, batch.buffer, batch.stride, direction)
 
         return move
 
@@ -201,34 +208,34 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     store, load = run(Direction.STORE), run(Direction.LOAD)
     works: dict[str, Callable[[], object]] = {"store": store, "load": load}
     if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
-        works.update(_checksummed(moves, backend, moved))
+        works.update(_checksummed(objects, store, load, moved))
     else:
-        works.update(_through_pinned_host(moves, store, load, moved, device))
+        works.update(_through_pinned_host(objects, store, load, moved, device))
     works.update({name: work for name, (work, _) in copies.items()})
     best = best_of_rounds(works, sync, args.repeats)
     best.update(best_copy(best, copies))
     if device.type == "cuda":
         gpu = graph_seconds({"store": store, "load": load, "copy": copies["copy_"][0]}, args.repeats)
         best.update({f"gpu_{name}": s for name, s in gpu.items()})
-    return {"backend": backend.name, "bytes": moved, "launches_per_chunk": len(moves[0][1]), **best}
+    return {"backend": backend.name, "bytes": moved, "launches_per_chunk": launches, **best}
 
 
-def _through_pinned_host(moves: list[tuple[torch.Tensor, list[Move]]], store: Callable[[], None],
-                         load: Callable[[], None], payload: int, device) -> dict[str, Callable[[], object]]:
-    """On an accelerator, the connector's whole path to LMCache's pinned host objects (the kernel into a device
+def _through_pinned_host(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
+                         payload: int, device) -> dict[str, Callable[[], object]]:
+    """On an accelerator, the connector's whole path to LMCache's pinned host objects (the kernels into a device
     buffer, then one copy per chunk across the bus, as ``LayoutBinding`` stages it), and the reference that path
     is judged against: a plain pinned copy of the same bytes each way."""
     import torch
 
-    hosts = [torch.empty(obj.numel(), dtype=torch.uint8, pin_memory=True) for obj, _ in moves]
+    hosts = [torch.empty(obj.numel(), dtype=torch.uint8, pin_memory=True) for obj in objects]
 
     def store_to_host() -> None:
         store()
-        for (obj, _), host in zip(moves, hosts, strict=True):
+        for obj, host in zip(objects, hosts, strict=True):
             host.copy_(obj, non_blocking=True)
 
     def load_from_host() -> None:
-        for (obj, _), host in zip(moves, hosts, strict=True):
+        for obj, host in zip(objects, hosts, strict=True):
             obj.copy_(host, non_blocking=True)
         load()
 
@@ -239,32 +246,27 @@ def _through_pinned_host(moves: list[tuple[torch.Tensor, list[Move]]], store: Ca
             "pinned_h2d": lambda: on_device.copy_(pinned, non_blocking=True)}
 
 
-def _checksummed(moves: list[tuple[torch.Tensor, list[Move]]], backend, payload: int) -> dict[str, Callable[[], None]]:
+def _checksummed(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
+                 payload: int) -> dict[str, Callable[[], None]]:
     """Store then seal the batch's objects, check them then load, and the checksum alone (CPU objects), as the
     connector does per batch of chunks."""
     from lmcache_platforms.connector import checksum
-    from lmcache_platforms.kernels.contract import Direction
 
-    per_object = payload // len(moves)
-    objects = [obj for obj, _ in moves]
+    per_object = payload // len(objects)
 
-    def store() -> None:
-        for _, chunk in moves:
-            for m in chunk:
-                backend.transfer(m.planes, m.slots, m.buffer, Direction.STORE)
+    def store_checksummed() -> None:
+        store()
         checksum.seal(objects, per_object)
 
-    def load() -> None:
+    def load_checksummed() -> None:
         if checksum.mismatched(objects, per_object):
             raise RuntimeError("bench: a sealed object failed its checksum")
-        for _, chunk in moves:
-            for m in chunk:
-                backend.transfer(m.planes, m.slots, m.buffer, Direction.LOAD)
+        load()
 
     def crc() -> None:
         checksum.checksums(objects, per_object)
 
-    return {"store_checksummed": store, "load_checksummed": load, "checksum": crc}
+    return {"store_checksummed": store_checksummed, "load_checksummed": load_checksummed, "checksum": crc}
 
 
 def _time_upstream(spec, block_ids, chunks: int, device, sync, args) -> dict | None:
