@@ -56,6 +56,9 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # LMCache's fs:// connector: the batched read finds an object's file and reads it with O_DIRECT as upstream.
     *(UpstreamName("lmcache.v1.storage_backend.connector.fs_connector:FSConnector", name,
                    "upstream_fixes/fs_reads.py") for name in ("_get_file_path", "_get_with_odirect")),
+    # LMCache's remote backend: whether it skips writes (MLA, worker 0 only), read before tracking a batch.
+    UpstreamName("lmcache.v1.storage_backend.remote_backend:RemoteBackend", "_mla_worker_id_as0_mode",
+                 "upstream_fixes/remote_puts.py", instance=True),
     # LMCache's manager: its silent "degraded mode" flag and reason.
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed", "integration/vllm/health.py", instance=True),
     UpstreamName("lmcache.v1.manager:LMCacheManager", "_init_failed_reason", "integration/vllm/health.py",

@@ -166,6 +166,14 @@ PATCHES: tuple[Patch, ...] = (
             "failed its checksum could not be removed and every later lookup would hit it again",
     ),
     Patch(
+        target="lmcache.v1.storage_backend.remote_backend:RemoteBackend.batched_submit_put_task",
+        replacement="lmcache_platforms.upstream_fixes.remote_puts:wrap_batched_submit_put_task",
+        versions=LMCACHE,
+        wrapper=True,
+        why="a batch of writes (how both Redis connectors write) never entered put_tasks, so nothing waited for "
+            "it: an engine closed right after a store lost those chunks",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,
