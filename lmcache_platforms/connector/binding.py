@@ -195,32 +195,32 @@ class LayoutBinding:
         """Planes -> every object of ``hosts`` (``slots`` from ``chunk_slots``); call inside ``streams.storing()``.
         Staged through device scratch, each launch moves a scratch-full of chunks at once (see
         ``BATCH_SCRATCH_BYTES``), then one copy per chunk crosses to the host."""
-        if not self.scratch:
-            for index, host in enumerate(hosts):
-                self.store(fmt, host, {group: rows[index] for group, rows in slots.items()})
-            return
-        self._check_usable()
-        for first, count, scratch in self._batches(fmt, len(hosts), Direction.STORE):
-            for launch in fmt.launches:
-                self._launch_chunks(launch, slots, first, count, scratch, fmt.payload_bytes, Direction.STORE)
-            for index in range(count):
-                piece = scratch[index * fmt.payload_bytes : (index + 1) * fmt.payload_bytes]
-                hosts[first + index][: fmt.payload_bytes].copy_(piece, non_blocking=True)
+        self._move_chunks(fmt, hosts, slots, Direction.STORE)
 
     def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor]) -> None:
         """Every object of ``hosts`` -> planes (``slots`` from ``chunk_slots``); call inside ``streams.loading()``.
         Staged through device scratch: one copy per chunk across, then each launch moves a scratch-full."""
+        self._move_chunks(fmt, hosts, slots, Direction.LOAD)
+
+    def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
+                     direction: Direction) -> None:
         if not self.scratch:
+            move = self.store if direction is Direction.STORE else self.load
             for index, host in enumerate(hosts):
-                self.load(fmt, host, {group: rows[index] for group, rows in slots.items()})
+                move(fmt, host, {group: rows[index] for group, rows in slots.items()})
             return
         self._check_usable()
-        for first, count, scratch in self._batches(fmt, len(hosts), Direction.LOAD):
-            for index in range(count):
-                piece = scratch[index * fmt.payload_bytes : (index + 1) * fmt.payload_bytes]
-                piece.copy_(hosts[first + index][: fmt.payload_bytes], non_blocking=True)
+        size = fmt.payload_bytes
+        for first, count, scratch in self._batches(fmt, len(hosts), direction):
+            pieces = [(scratch[i * size : (i + 1) * size], hosts[first + i][:size]) for i in range(count)]
+            if direction is Direction.LOAD:
+                for piece, host in pieces:
+                    piece.copy_(host, non_blocking=True)
             for launch in fmt.launches:
-                self._launch_chunks(launch, slots, first, count, scratch, fmt.payload_bytes, Direction.LOAD)
+                self._launch_chunks(launch, slots, first, count, scratch, size, direction)
+            if direction is Direction.STORE:
+                for piece, host in pieces:
+                    host.copy_(piece, non_blocking=True)
 
     def _batches(self, fmt: ChunkFormat, chunks: int, direction: Direction) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(first chunk, chunk count, scratch holding them side by side) for the chunks of one call. One scratch
