@@ -140,12 +140,6 @@ class LayoutBinding:
             table = {group: slots.pin_memory() for group, slots in table.items()}
         return table
 
-    def slots_per_chunk(self, fmt: ChunkFormat, block_ids: Sequence[torch.Tensor], starts: Sequence[int],
-                        ends: Sequence[int]) -> list[dict[int, torch.Tensor]]:
-        """``chunk_slots`` cut into one mapping per chunk (what ``store`` and ``load`` take)."""
-        table = self.chunk_slots(fmt, block_ids, starts, ends)
-        return [{group: slots[i] for group, slots in table.items()} for i in range(len(starts))]
-
     def layer_launches(self, fmt: ChunkFormat) -> tuple[tuple[str, tuple[Launch, ...]], ...]:
         """``fmt``'s launches cut by layer, in the layout's layer order (``chunk_format.layer_launches``)."""
         cut = self._layer_launches.get(fmt.fingerprint)
@@ -158,29 +152,6 @@ class LayoutBinding:
             self._layer_launches[fmt.fingerprint] = cut
         return cut
 
-    def _launch(self, launch: Launch, slots: Mapping[int, torch.Tensor], buffer: torch.Tensor,
-                direction: Direction) -> None:
-        backend = self._backends[id(launch.planes)]
-        region = buffer[launch.offset : launch.offset + launch.nbytes]
-        backend.transfer(launch.planes, slots[launch.tg.group], region, direction)
-        self.counters.launches += 1
-        self.counters.backends.add(backend.name)
-
-    def store(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor],
-              launches: Sequence[Launch] | None = None) -> None:
-        """Planes -> ``host`` (the MemoryObj's bytes), ``slots`` from ``slots_per_chunk``; call inside
-        ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``)."""
-        self._check_usable()
-        target = host if not self.scratch else self.scratch[Direction.STORE].get(fmt.payload_bytes)
-        for launch in fmt.launches if launches is None else launches:
-            self._launch(launch, slots, target, Direction.STORE)
-        if target is host:
-            return
-        if launches is None:
-            host[: fmt.payload_bytes].copy_(target, non_blocking=True)
-        else:
-            _copy_pieces(host, target, launches)
-
     @staticmethod
     def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> None:
         """Write each stored object's checksum trailer; call once their bytes are in host memory."""
@@ -191,33 +162,43 @@ class LayoutBinding:
         """Indices of the objects whose payload does not match their trailer; check before loading any."""
         return checksum.mismatched(hosts, fmt.payload_bytes)
 
-    def store_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor]) -> None:
-        """Planes -> every object of ``hosts`` (``slots`` from ``chunk_slots``); call inside ``streams.storing()``.
+    def store_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
+                     launches: Sequence[Launch] | None = None) -> None:
+        """Planes -> every object of ``hosts`` (the MemoryObjs' bytes; ``slots`` from ``chunk_slots``); call
+        inside ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``).
         Staged through device scratch, each launch moves a scratch-full of chunks at once (see
-        ``BATCH_SCRATCH_BYTES``), then one copy per chunk crosses to the host."""
-        self._move_chunks(fmt, hosts, slots, Direction.STORE)
+        ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object."""
+        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches)
 
-    def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor]) -> None:
+    def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
+                    launches: Sequence[Launch] | None = None) -> None:
         """Every object of ``hosts`` -> planes (``slots`` from ``chunk_slots``); call inside ``streams.loading()``.
-        Staged through device scratch: one copy per chunk across, then each launch moves a scratch-full."""
-        self._move_chunks(fmt, hosts, slots, Direction.LOAD)
+        ``launches`` as for ``store_chunks``. Staged through device scratch: each chunk's bytes cross first, then
+        each launch moves a scratch-full."""
+        self._move_chunks(fmt, hosts, slots, Direction.LOAD, launches)
 
     def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     direction: Direction) -> None:
-        if not self.scratch:
-            move = self.store if direction is Direction.STORE else self.load
-            for index, host in enumerate(hosts):
-                move(fmt, host, {group: rows[index] for group, rows in slots.items()})
-            return
+                     direction: Direction, launches: Sequence[Launch] | None) -> None:
         self._check_usable()
+        moved = fmt.launches if launches is None else tuple(launches)
+        if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
+            for index, host in enumerate(hosts):
+                for launch in moved:
+                    region = host[launch.offset : launch.offset + launch.nbytes]
+                    self._transfer(launch, slots[launch.tg.group][index], region, direction)
+            return
         size = fmt.payload_bytes
+        # Whole chunks cross in one copy each; one layer's pieces each in their own.
+        spans = [(0, size)] if launches is None else [(piece.offset, piece.offset + piece.nbytes) for piece in moved]
         for first, count, scratch in self._batches(fmt, len(hosts), direction):
-            pieces = [(scratch[i * size : (i + 1) * size], hosts[first + i][:size]) for i in range(count)]
+            pieces = [(scratch[i * size + start : i * size + end], hosts[first + i][start:end])
+                      for i in range(count) for start, end in spans]
             if direction is Direction.LOAD:
                 for piece, host in pieces:
                     piece.copy_(host, non_blocking=True)
-            for launch in fmt.launches:
-                self._launch_chunks(launch, slots, first, count, scratch, size, direction)
+            for launch in moved:
+                rows = slots[launch.tg.group][first : first + count]
+                self._transfer_chunks(launch, rows, scratch[launch.offset :], size, direction)
             if direction is Direction.STORE:
                 for piece, host in pieces:
                     host.copy_(piece, non_blocking=True)
@@ -231,35 +212,18 @@ class LayoutBinding:
             count = min(step, chunks - first)
             yield first, count, self.scratch[direction].get(count * fmt.payload_bytes)
 
-    def _launch_chunks(self, launch: Launch, slots: Mapping[int, torch.Tensor], first: int, count: int,
-                       scratch: torch.Tensor, stride: int, direction: Direction) -> None:
+    def _transfer(self, launch: Launch, rows: torch.Tensor, region: torch.Tensor, direction: Direction) -> None:
         backend = self._backends[id(launch.planes)]
-        rows = slots[launch.tg.group][first : first + count]
-        backend.transfer_chunks(launch.planes, rows, scratch[launch.offset :], stride, direction)
-        self.counters.launches += count
+        backend.transfer(launch.planes, rows, region, direction)
+        self.counters.launches += 1
         self.counters.backends.add(backend.name)
 
-    def load(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor],
-             launches: Sequence[Launch] | None = None) -> None:
-        """``host`` -> planes, ``slots`` from ``slots_per_chunk``; call inside ``streams.loading()``.
-        ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``)."""
-        self._check_usable()
-        source = host
-        if self.scratch:
-            source = self.scratch[Direction.LOAD].get(fmt.payload_bytes)
-            if launches is None:
-                source.copy_(host[: fmt.payload_bytes], non_blocking=True)
-            else:
-                _copy_pieces(source, host, launches)
-        for launch in fmt.launches if launches is None else launches:
-            self._launch(launch, slots, source, Direction.LOAD)
-
-
-def _copy_pieces(target: torch.Tensor, source: torch.Tensor, launches: Sequence[Launch]) -> None:
-    """Each launch's bytes of ``source`` into the same bytes of ``target`` (host <-> scratch, one layer's pieces)."""
-    for launch in launches:
-        piece = slice(launch.offset, launch.offset + launch.nbytes)
-        target[piece].copy_(source[piece], non_blocking=True)
+    def _transfer_chunks(self, launch: Launch, rows: torch.Tensor, scratch: torch.Tensor, stride: int,
+                         direction: Direction) -> None:
+        backend = self._backends[id(launch.planes)]
+        backend.transfer_chunks(launch.planes, rows, scratch, stride, direction)
+        self.counters.launches += rows.shape[0]
+        self.counters.backends.add(backend.name)
 
 
 class BoundLayoutMixin:

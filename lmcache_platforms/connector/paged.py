@@ -2,7 +2,8 @@
 one MemoryObj per chunk part (``connector.parts``).
 
 Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``; on a device, one
-call per transfer group moves a whole batch of chunks staged in scratch, ``LayoutBinding.store_chunks``); every object
+call per transfer group moves a whole batch of chunks staged in scratch, ``LayoutBinding.store_chunks``, whole
+or one layer at a time); every object
 carries a checksum of its bytes, written by the store and checked by a load before it writes anything
 (``connector.checksum``, ``connector.verified_loads``). Rows per chunk come from the layout (sliding-window
 tails, compressed rows), never from the token count. The kwargs it reads are documented in
@@ -104,16 +105,15 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             check_chunk(binding.layout, start, end)
         hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
         gate: LayerGate | None = kwargs.get(LAYER_GATE)
+        slots = binding.chunk_slots(fmt, block_ids, starts, ends)
         with binding.streams.storing():
             if gate is None:
-                binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
+                binding.store_chunks(fmt, hosts, slots)
             else:
-                slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
                 cut = dict(binding.layer_launches(fmt))
                 for layer, event in gate.as_marked(list(cut)):
                     binding.streams.store_after(event)
-                    for host, chunk_slots in zip(hosts, slots, strict=True):
-                        binding.store(fmt, host, chunk_slots, cut[layer])
+                    binding.store_chunks(fmt, hosts, slots, cut[layer])
                     binding.counters.layers_stored += 1
         binding.streams.finish_store()
         binding.seal(fmt, hosts)
@@ -139,15 +139,14 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                 binding.counters.objects_corrupt += len(corrupt)
                 report_corrupt([(starts[i], ends[i]) for i in corrupt])
                 return
+            slots = binding.chunk_slots(fmt, block_ids, starts, ends)
             with binding.streams.loading():
                 if gate is None:
-                    binding.load_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
+                    binding.load_chunks(fmt, hosts, slots)
                 else:
-                    slots = binding.slots_per_chunk(fmt, block_ids, starts, ends)
                     gate.begin_pass()
                     for layer, launches in binding.layer_launches(fmt):
-                        for host, chunk_slots in zip(hosts, slots, strict=True):
-                            binding.load(fmt, host, chunk_slots, launches)
+                        binding.load_chunks(fmt, hosts, slots, launches)
                         gate.mark(layer, binding.streams.load_event())
                         binding.counters.layers_loaded += 1
             binding.streams.finish_load()

@@ -1,6 +1,7 @@
-"""The connector's transfer path on a GPU, as it runs under LMCache: the kernel into a device scratch buffer on the
-transfer stream, one copy per chunk to pinned host memory (LMCache's MemoryObjs), and back; bit-exact with the
-stored rows, nothing else written. What ``make device-check`` adds to the kernel tests; CI has no GPU and skips.
+"""The connector's transfer path on a GPU, as it runs under LMCache: the kernels into a device scratch buffer on
+the transfer stream (one launch per transfer group for the whole batch of chunks), one copy per chunk to pinned
+host memory (LMCache's MemoryObjs), and back; whole chunks and layer by layer; bit-exact with the stored rows,
+nothing else written. What ``make device-check`` adds to the kernel tests; CI has no GPU and skips.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.kernels.test_triton_gpu import DEVICE, NO_GPU
 pytestmark = pytest.mark.skipif(DEVICE is None, reason=NO_GPU)
 
 
-def _store_and_load(layout_name: str, mode: str, plant_fault: bool) -> roundtrip.Verdict:
+def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bool = False) -> roundtrip.Verdict:
     assert DEVICE is not None
     spec = load_layout_spec(layout_name)
     layout = materialize(spec, mode, device=DEVICE, seed=1)
@@ -29,17 +30,20 @@ def _store_and_load(layout_name: str, mode: str, plant_fault: bool) -> roundtrip
     bounds = request.chunks(layout.chunk_size, request.stored_tokens)
     starts, ends = zip(*bounds, strict=True)
     hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8, pin_memory=True) for _ in bounds]
+    steps = [launches for _, launches in binding.layer_launches(fmt)] if by_layer else [None]
     with binding.streams.storing():
-        for host, slots in zip(hosts, binding.slots_per_chunk(fmt, request.store_ids, starts, ends), strict=True):
-            binding.store(fmt, host, slots)
+        slots = binding.chunk_slots(fmt, request.store_ids, starts, ends)
+        for launches in steps:
+            binding.store_chunks(fmt, hosts, slots, launches)
     binding.streams.finish_store()
     stored = roundtrip.snapshot(layout, request)
     if plant_fault:
         hosts[-1][fmt.payload_bytes // 2] ^= 0xFF
     roundtrip.zero_planes(layout)
     with binding.streams.loading():
-        for host, slots in zip(hosts, binding.slots_per_chunk(fmt, request.load_ids, starts, ends), strict=True):
-            binding.load(fmt, host, slots)
+        slots = binding.chunk_slots(fmt, request.load_ids, starts, ends)
+        for launches in steps:
+            binding.load_chunks(fmt, hosts, slots, launches)
     binding.streams.finish_load()
     assert binding.backend_names == ["triton"]
     return roundtrip.verify(layout, request, stored, request.stored_tokens)
@@ -49,6 +53,14 @@ def _store_and_load(layout_name: str, mode: str, plant_fault: bool) -> roundtrip
 @pytest.mark.parametrize("layout_name", ["llama", "gemma3", "deepseek-v4-small", "qwen3-next", "mla-int8"])
 def test_chunks_through_pinned_host_memory_come_back_bit_exact(layout_name, mode):
     verdict = _store_and_load(layout_name, mode, plant_fault=False)
+    assert verdict.bit_exact, verdict.problems
+    assert verdict.rows_checked > 0
+
+
+@pytest.mark.parametrize("layout_name", ["gemma3", "deepseek-v4-small"])
+def test_chunks_moved_layer_by_layer_come_back_bit_exact(layout_name):
+    """vLLM's layerwise mode: each layer's pieces of every chunk in one call per piece, copied piece by piece."""
+    verdict = _store_and_load(layout_name, "bundled", plant_fault=False, by_layer=True)
     assert verdict.bit_exact, verdict.problems
     assert verdict.rows_checked > 0
 

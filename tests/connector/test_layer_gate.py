@@ -64,33 +64,32 @@ def test_moving_layer_by_layer_in_any_order_moves_the_paged_bytes(spec, mode, rn
     assume(bounds)
     cut = list(binding.layer_launches(fmt))
     rng.shuffle(cut)
-    stores = binding.slots_per_chunk(fmt, request.store_ids, *zip(*bounds, strict=True))
-    loads = binding.slots_per_chunk(fmt, request.load_ids, *zip(*bounds, strict=True))
-    for store_slots, load_slots in zip(stores, loads, strict=True):
-        whole = torch.zeros(fmt.nbytes, dtype=torch.uint8)
-        binding.store(fmt, whole, store_slots)
-        by_layer = torch.zeros_like(whole)
-        for _, launches in cut:
-            binding.store(fmt, by_layer, store_slots, launches)
-        assert torch.equal(by_layer, whole)
+    store_slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
+    load_slots = binding.chunk_slots(fmt, request.load_ids, *zip(*bounds, strict=True))
+    whole = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
+    binding.store_chunks(fmt, whole, store_slots)
+    by_layer = [torch.zeros_like(host) for host in whole]
+    for _, launches in cut:
+        binding.store_chunks(fmt, by_layer, store_slots, launches)
+    assert all(torch.equal(a, b) for a, b in zip(by_layer, whole, strict=True))
 
-        roundtrip.zero_planes(layout)
-        binding.load(fmt, whole, load_slots)
-        expected = _planes(layout)
-        roundtrip.zero_planes(layout)
-        for _, launches in cut:
-            binding.load(fmt, whole, load_slots, launches)
-        assert all(torch.equal(a, b) for a, b in zip(_planes(layout), expected, strict=True))
+    roundtrip.zero_planes(layout)
+    binding.load_chunks(fmt, whole, load_slots)
+    expected = _planes(layout)
+    roundtrip.zero_planes(layout)
+    for _, launches in cut:
+        binding.load_chunks(fmt, whole, load_slots, launches)
+    assert all(torch.equal(a, b) for a, b in zip(_planes(layout), expected, strict=True))
 
-        # Negative control: one layer left out (when its bytes are not all zero) is seen by the same compare.
-        name, launches = next(((n, ls) for n, ls in cut
-                                if any(whole[p.offset:p.offset + p.nbytes].any() for p in ls)), (None, ()))
-        if name is not None:
-            roundtrip.zero_planes(layout)
-            for other, pieces in cut:
-                if other != name:
-                    binding.load(fmt, whole, load_slots, pieces)
-            assert not all(torch.equal(a, b) for a, b in zip(_planes(layout), expected, strict=True))
+    # Negative control: one layer left out (when its bytes are not all zero) is seen by the same compare.
+    name, launches = next(((n, ls) for n, ls in cut
+                            if any(host[p.offset:p.offset + p.nbytes].any() for host in whole for p in ls)), (None, ()))
+    if name is not None:
+        roundtrip.zero_planes(layout)
+        for other, pieces in cut:
+            if other != name:
+                binding.load_chunks(fmt, whole, load_slots, pieces)
+        assert not all(torch.equal(a, b) for a, b in zip(_planes(layout), expected, strict=True))
 
 
 def test_a_layer_the_gate_does_not_cover_is_ready_at_once_and_others_wait_until_marked() -> None:

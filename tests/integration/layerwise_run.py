@@ -29,14 +29,14 @@ def plant_zero_first_layer() -> None:
 
     from lmcache_platforms.connector.binding import LayoutBinding
 
-    load = LayoutBinding.load
+    load = LayoutBinding.load_chunks
 
-    def zeroing(self, fmt, host, slots, launches=None):  # type: ignore[no-untyped-def]
+    def zeroing(self, fmt, hosts, slots, launches=None):  # type: ignore[no-untyped-def]
         if launches is not None and launches[0].planes[0].layer == self.layout.model_layers[0]:
-            host = torch.zeros_like(host)
-        load(self, fmt, host, slots, launches)
+            hosts = [torch.zeros_like(host) for host in hosts]
+        load(self, fmt, hosts, slots, launches)
 
-    LayoutBinding.load = zeroing  # type: ignore[method-assign]
+    LayoutBinding.load_chunks = zeroing  # type: ignore[method-assign]
 
 
 def main(model: str, options: dict[str, Any]) -> None:

@@ -201,8 +201,9 @@ def test_cpu_has_no_streams_and_no_scratch() -> None:
 
 def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_loaded_layer(accelerator) -> None:
     """The paged connector with a ``LayerGate`` (our vLLM integration's layerwise mode): the store stream waits
-    for each layer's forward event before that layer's rows are gathered and copied out; a load queues each
-    layer's copies and kernels, then records that layer's event, which the forward's stream waits for."""
+    for each layer's forward event before that layer's rows of every chunk are gathered and copied out; a load
+    queues each layer's copies and kernels, then records that layer's event, which the forward's stream waits
+    for."""
     _, runtime = accelerator
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
     request = roundtrip.make_request(layout, 128, seed=2)
@@ -237,14 +238,14 @@ def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_
     assert forward == {"default"}
     waits = [entry[2] for entry in store_log if entry[0] == "wait_event"]
     per_layer = [("wait_event", store, event) for event in waits]
-    gathered = [kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)] * chunks
+    gathered = [kernel(store, "kv", "scratch.store"), *[("copy", store, "scratch.store", "host", True)] * chunks]
     assert store_log == [("wait_stream", store, "default"), ("enter", store),
                          *[entry for wait in per_layer for entry in (wait, *gathered)],
                          ("exit", store), ("stream_synchronize", store),
                          *[("copy", "default", None, "host", False)] * chunks]
     assert len(set(waits)) == len(layers)
     records = [entry[1] for entry in load_log if entry[0] == "record"]
-    queued = [("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")] * chunks
+    queued = [*[("copy", load, "host", "scratch.load", True)] * chunks, kernel(load, "scratch.load", "kv")]
     assert load_log == [("enter", load), *[entry for event in records[:-1] for entry in (*queued, ("record", event,
                         load))], ("exit", load), ("record", records[-1], load), ("wait_event", "default",
                         records[-1]), ("stream_synchronize", load)]
