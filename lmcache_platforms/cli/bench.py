@@ -107,18 +107,16 @@ def _batches(layout, block_ids, chunks: int, device) -> tuple[list[torch.Tensor]
     and the launches per chunk."""
     import torch
 
-    from lmcache_platforms.connector.binding import BATCH_SCRATCH_BYTES
+    from lmcache_platforms.connector.binding import batch_runs
     from lmcache_platforms.connector.chunk_format import paged_format
 
     fmt = paged_format(layout)
     pinned = device.type != "cpu"  # slots as the connector passes them (``LayoutBinding.chunk_slots``)
     whole = torch.zeros(chunks * fmt.nbytes, dtype=torch.uint8, device=device)
     objects = [whole[c * fmt.nbytes : (c + 1) * fmt.nbytes] for c in range(chunks)]
-    step = max(1, BATCH_SCRATCH_BYTES // fmt.payload_bytes)
     batches = []
-    for first in range(0, chunks, step):
-        run = range(first, min(chunks, first + step))
-        bounds = [(c * layout.chunk_size, (c + 1) * layout.chunk_size) for c in run]
+    for first, count in batch_runs(chunks, fmt.payload_bytes):
+        bounds = [(c * layout.chunk_size, (c + 1) * layout.chunk_size) for c in range(first, first + count)]
         for launch in fmt.launches:
             slots = _pinned_if(layout.group_chunks_slots(launch.tg.group, block_ids, bounds), pinned)
             batches.append(Batch(launch.planes, slots, whole[first * fmt.nbytes + launch.offset :], fmt.nbytes))

@@ -24,6 +24,13 @@ from lmcache_platforms.layout.kv_layout import KVLayout
 BATCH_SCRATCH_BYTES = 64 << 20
 
 
+def batch_runs(chunks: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """(first chunk, chunk count) of each scratch-full when ``chunks`` chunks of ``chunk_bytes`` are staged."""
+    step = max(1, BATCH_SCRATCH_BYTES // chunk_bytes)
+    for first in range(0, chunks, step):
+        yield first, min(step, chunks - first)
+
+
 def layout_device(layout: KVLayout) -> torch.device:
     """The one device every saved plane lives on."""
     devices = {p.storage.device for tg in layout.transfer_groups for p in tg.planes if p.storage is not None}
@@ -207,9 +214,7 @@ class LayoutBinding:
         """(first chunk, chunk count, scratch holding them side by side) for the chunks of one call. One scratch
         per direction serves every batch: the transfer stream runs a batch's copies before the next batch's
         launches overwrite it."""
-        step = max(1, BATCH_SCRATCH_BYTES // fmt.payload_bytes)
-        for first in range(0, chunks, step):
-            count = min(step, chunks - first)
+        for first, count in batch_runs(chunks, fmt.payload_bytes):
             yield first, count, self.scratch[direction].get(count * fmt.payload_bytes)
 
     def _transfer(self, launch: Launch, rows: torch.Tensor, region: torch.Tensor, direction: Direction) -> None:
