@@ -73,6 +73,15 @@ class TransferCounters:
     layers_stored: int = 0
     layers_loaded: int = 0
     backends: set[str] = field(default_factory=set)
+    # Payload bytes by vLLM KV-cache group index (each object's share of it; no trailer, no padding).
+    group_bytes_stored: dict[int, int] = field(default_factory=dict)
+    group_bytes_loaded: dict[int, int] = field(default_factory=dict)
+
+    def count_groups(self, fmt: ChunkFormat, objects: int, stored: bool) -> None:
+        """``objects`` objects of ``fmt`` moved: their bytes, group by group."""
+        counts = self.group_bytes_stored if stored else self.group_bytes_loaded
+        for launch in fmt.launches:
+            counts[launch.tg.group] = counts.get(launch.tg.group, 0) + objects * launch.nbytes
 
 
 class LayoutBinding:

@@ -88,6 +88,7 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             yield
             binding.streams.finish_store()
             binding.seal(fmt, hosts)
+            binding.counters.count_groups(fmt, len(hosts), stored=True)
         binding.counters.chunks_stored += len(starts)
         yield
 
@@ -107,6 +108,7 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
                                        f"{[(starts[i], ends[i]) for i in corrupt]} fail their checksum")
             with binding.streams.loading():
                 binding.load_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
+            binding.counters.count_groups(fmt, len(hosts), stored=False)
         yield
         binding.streams.finish_load()
         binding.counters.chunks_loaded += len(starts)

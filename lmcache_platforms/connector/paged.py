@@ -119,6 +119,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         binding.seal(fmt, hosts)
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
+        binding.counters.count_groups(fmt, len(hosts), stored=True)
 
     def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs) -> None:
         """MemoryObjs -> KV caches; returns once the compute stream will see the rows. With a ``layer_gate``,
@@ -152,5 +153,6 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             binding.streams.finish_load()
             binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
             binding.counters.bytes_loaded += len(hosts) * fmt.nbytes
+            binding.counters.count_groups(fmt, len(hosts), stored=False)
 
         run_guarded(kwargs, write)

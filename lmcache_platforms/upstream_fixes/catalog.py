@@ -36,6 +36,22 @@ PATCHES: tuple[Patch, ...] = (
             "it honours each wrapper's contract (integration/vllm/wrapper_contract.py). With "
             f"{KEEP_UPSTREAM_ADAPTER}=1 upstream's stays, and only LMCachePlatformsConnector runs ours",
     ),
+    *(Patch(
+        target=f"lmcache.v1.storage_backend.{module}:{backend}.remove",
+        replacement="lmcache_platforms.connector.tier_watch:wrap_remove",
+        versions=LMCACHE,
+        wrapper=True,
+        why="upstream tells only its cache controller what a local tier evicts or removes; the KV events tell "
+            "routers (BlockRemoved), through a listener for the engine's own backend (connector.tier_watch)",
+    ) for module, backend in (("local_cpu_backend", "LocalCPUBackend"), ("local_disk_backend", "LocalDiskBackend"))),
+    Patch(
+        target="lmcache.v1.storage_backend.storage_manager:StorageManager.batched_get",
+        replacement="lmcache_platforms.connector.tier_watch:wrap_batched_get",
+        versions=LMCACHE,
+        wrapper=True,
+        why="upstream says nowhere which tier served a load; the connector statistics count the bytes read per "
+            "tier, through a listener for the engine's own storage manager (connector.tier_watch)",
+    ),
     Patch(
         target="lmcache.v1.offload_server.zmq_server:ZMQOffloadServer",
         replacement="lmcache_platforms.upstream_fixes.offload_server:SafeCloseOffloadServer",

@@ -183,6 +183,10 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
         assert (counters.chunks_stored, counters.chunks_loaded) == (chunks, chunks if hit else 0)
         if steps is None:
             assert counters.launches == 2 * chunks * layout.launches_per_chunk
+        group_bytes: dict[int, int] = {}
+        for tg in layout.transfer_groups:  # what each vLLM KV-cache group's rows of the chunks hold
+            group_bytes[tg.group] = group_bytes.get(tg.group, 0) + chunks * tg.bytes_per_chunk
+        assert (counters.group_bytes_stored, counters.group_bytes_loaded) == (group_bytes, group_bytes if hit else {})
         if steps == "gated":
             layers = len(engine.connector.binding.layer_launches(engine.connector.fmt))
             assert (counters.layers_stored, counters.layers_loaded) == (layers, layers if hit else 0)

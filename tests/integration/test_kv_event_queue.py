@@ -1,28 +1,39 @@
 """The scheduler side's KV events from the workers' reports, on real vLLM requests (their block hashes computed by
 vLLM's own block hasher): what every tensor-parallel worker reported is published once per tier, with exactly the
 request's hash blocks inside the stored prefix, its extra keys (cache salt) and parent; what only some workers
-reported, a request vLLM no longer knows or a prefix already published is not; a reset is ``AllBlocksCleared``."""
+reported, a request vLLM no longer knows or a prefix already published is not; a reset is ``AllBlocksCleared``;
+a stored chunk a local tier dropped is ``BlockRemoved`` for exactly its hash blocks, once per tier, even after its
+request ended."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
+import torch
+from lmcache.utils import CacheEngineKey
 from vllm import SamplingParams
-from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
 from vllm.v1.request import Request
 
+from lmcache_platforms.connector.parts import PART_TAG
 from lmcache_platforms.integration.vllm.kv_events import (
+    MAX_TRACKED_CHUNKS,
     EventQueue,
+    RemovedChunk,
     StoredPrefix,
     StoredPrefixes,
     Tier,
+    chunk_id,
     external_hashes,
     tiers_of,
 )
+from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG
 
 HASH_BLOCK = 16
-CPU, REMOTE = Tier("CPU", "LOCAL"), Tier("STORAGE", "REMOTE")
+CPU, REMOTE, DISK = Tier("CPU", "LOCAL"), Tier("STORAGE", "REMOTE"), Tier("STORAGE", "LOCAL")
 
 
 def request(req_id: str, tokens: int, salt: str | None = None) -> Request:
@@ -101,7 +112,7 @@ def test_tiers_follow_lmcaches_config() -> None:
         local_disk = "file:///tmp/lmcache"
         remote_url = "redis://127.0.0.1:6379"
 
-    assert tiers_of(Config()) == (CPU, Tier("STORAGE", "LOCAL"), REMOTE)
+    assert tiers_of(Config()) == (CPU, DISK, REMOTE)
     Config.local_cpu, Config.local_disk = False, None
     assert tiers_of(Config()) == (REMOTE,)
 
@@ -123,3 +134,61 @@ def test_the_reports_container_keeps_what_every_worker_reported() -> None:
     assert reports.aggregate().get_all_events() == [both] and reports.get_number_of_workers() == 1
     reports.clear_events()
     assert (reports.get_all_events(), reports.common()) == ([], [])
+
+
+def _chunks(*bounds: int) -> tuple[tuple[int, int, tuple[int, tuple[()]]], ...]:
+    """Chunks ``[bounds[i], bounds[i + 1])``, each named by its start."""
+    return tuple((start, end, (start, ())) for start, end in pairwise(bounds))
+
+
+def _dropped(chunk_start: int, tier: Tier) -> RemovedChunk:
+    return RemovedChunk((chunk_start, ()), tier.medium, tier.locality)
+
+
+def test_a_chunk_a_local_tier_dropped_is_published_as_removed_once_per_tier_after_its_request_ended() -> None:
+    req = request("a", 300)
+    queue = EventQueue(True, HASH_BLOCK, (CPU, DISK, REMOTE))
+    report = StoredPrefix("a", 0, 296, _chunks(0, 120, 256, 296))
+    queue.stored(gathered([report], [report]), {"a": req})
+    assert len(stored(queue)) == 3
+    queue.finished("a")
+    hashes = [maybe_convert_block_hash(h) for h in req.block_hashes]
+    # The first worker's CPU cache drops the second chunk: a miss there, whatever the other worker holds.
+    queue.stored(gathered([_dropped(120, CPU)], []), {})
+    queue.stored(gathered([], [_dropped(120, CPU)]), {})  # the other worker's too: already published
+    queue.stored(gathered([_dropped(120, DISK), _dropped(120, REMOTE)]), {})  # the remote tier never drops
+    queue.stored(gathered([_dropped(256, CPU), _dropped(999, CPU)]), {})  # a chunk no store reported
+    events = list(queue.take())
+    assert all(isinstance(e, BlockRemoved) for e in events), events
+    assert [(e.block_hashes, e.medium, e.locality) for e in events] == [
+        (hashes[7:16], "CPU", "LOCAL"), (hashes[7:16], "STORAGE", "LOCAL"),  # block 7 spans two chunks
+        (hashes[16:18], "CPU", "LOCAL")]  # tokens 288-296 are in no whole hash block of the 300
+    queue.cleared()
+    queue.stored(gathered([_dropped(0, CPU)]), {})
+    assert [type(e) for e in queue.take()] == [AllBlocksCleared]
+
+
+def test_the_oldest_stored_chunks_are_forgotten_first() -> None:
+    req = request("a", 32)
+    queue = EventQueue(True, HASH_BLOCK, (CPU,))
+    reports = [StoredPrefix("a", 0, 32, ((0, 32, (i, ())),)) for i in range(MAX_TRACKED_CHUNKS + 1)]
+    queue.stored(gathered(reports), {"a": req})
+    queue.stored(gathered([_dropped(0, CPU), _dropped(1, CPU), _dropped(MAX_TRACKED_CHUNKS, CPU)]), {})
+    assert [type(e) for e in queue.take()] == [BlockStored, BlockRemoved, BlockRemoved]
+
+
+def test_a_store_and_a_removal_are_kept_as_vllm_gathers_them() -> None:
+    stored_by_both = StoredPrefix("a", 0, 64, _chunks(0, 64))
+    dropped_by_one = _dropped(0, CPU)
+    reports = gathered([stored_by_both, dropped_by_one], [stored_by_both])
+    assert reports.common() == [stored_by_both, dropped_by_one]
+    assert reports.aggregate().get_all_events() == [stored_by_both, dropped_by_one]
+
+
+def test_a_chunk_is_named_alike_by_every_worker_and_part_and_apart_from_another_scope() -> None:
+    def key(worker: int, **tags: str) -> CacheEngineKey:
+        return CacheEngineKey("m", 2, worker, 7, torch.bfloat16, {"lmcache.tag.lmcp_layout": "L", **tags})
+
+    part = {PART_TAG: "reach64"}
+    assert chunk_id(key(0)) == chunk_id(key(1, **part)) == (7, (("lmcp_layout", "L"),))
+    assert chunk_id(key(0, **{SCOPE_TAG: "tenant-1"})) != chunk_id(key(0))

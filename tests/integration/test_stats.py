@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_platforms.integration.vllm.stats import MAX_TIMINGS, PlatformsConnectorStats, StatsRecorder
+from lmcache_platforms.integration.vllm.stats import MAX_TIMINGS, PlatformsConnectorStats, StatsRecorder, grown
 
 
 def test_aggregate_sums_counters_and_joins_timings() -> None:
@@ -84,3 +84,19 @@ def test_a_running_count_kept_elsewhere_is_counted_once_as_it_grows() -> None:
     recorder.advance("remote_lookups_skipped", 5)
     assert recorder.take() is None
     assert recorder.totals["remote_lookups_skipped"] == 5
+
+
+def test_bytes_per_kv_group_are_summed_group_by_group_across_workers_and_steps() -> None:
+    recorder = StatsRecorder()
+    assert grown({0: 10, 1: 4}, {0: 10, 1: 9, 2: 3}) == {1: 5, 2: 3}
+    recorder.count_labelled("group_bytes_stored", {0: 100, 1: 0})
+    recorder.count_labelled("group_bytes_stored", {0: 28, 3: 7})
+    taken = recorder.take()
+    assert taken is not None and not taken.is_empty()
+    assert (taken.data["group_bytes_stored"], taken.data["group_bytes_loaded"]) == ({"0": 128, "3": 7}, {})
+    other = PlatformsConnectorStats({"group_bytes_stored": {"3": 1, "1": 2}, "group_bytes_loaded": {"0": 5}})
+    total = taken.aggregate(other)
+    assert total.data["group_bytes_stored"] == {"0": 128, "3": 8, "1": 2}
+    assert total.data["group_bytes_loaded"] == {"0": 5}
+    assert recorder.take() is None
+    assert not PlatformsConnectorStats({"group_bytes_loaded": {"0": 1}}).is_empty()

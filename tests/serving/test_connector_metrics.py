@@ -1,7 +1,8 @@
 """Our connector's statistics on a real ``vllm serve``'s ``/metrics``: after a cold and a warm pass of two prompts
 (vLLM's prefix cache off, so the repeats load from LMCache), the counters are exact: lookups, hit tokens, chunks
 and bytes stored and loaded (bytes = chunks x the chunk object's bytes: the model's layout, then the checksum
-trailer's column), one load and store time observed per request; nothing is counted as a failed load."""
+trailer's column; per KV-cache group, the group's own bytes; per tier, the objects read from it), one load and
+store time observed per request; nothing is counted as a failed load."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def scrape(base_url: str) -> dict[str, float]:
     return found
 
 
+def scrape_by_label(base_url: str, family: str, label: str) -> dict[str, float]:
+    """One family's samples by the value of one of their labels."""
+    found: dict[str, float] = {}
+    for line in http_get(f"{base_url}/metrics").splitlines():
+        match = re.match(rf'^{re.escape(PREFIX + family)}\{{[^}}]*\b{label}="([^"]*)"[^}}]*\}} (\S+)$', line)
+        if match:
+            found[match.group(1)] = found.get(match.group(1), 0.0) + float(match.group(2))
+    return found
+
+
 def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
     requests = _requests(TINY_DENSE_MODEL.vocab_size)
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
@@ -48,6 +59,9 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
         cold = run_requests(server.base_url, prompts, Sampling(max_tokens=8))
         warm = run_requests(server.base_url, prompts, Sampling(max_tokens=8))
         after = scrape(server.base_url)
+        per_group = {direction: scrape_by_label(server.base_url, f"group_bytes_{direction}_total", "kv_group")
+                     for direction in ("stored", "loaded")}
+        per_tier = scrape_by_label(server.base_url, "tier_bytes_read_total", "tier")
     hits = [n // CHUNK * CHUNK for n in LENGTHS]  # whole chunks; vLLM computes the last token itself
     assert [r["lmcache_hit_tokens"] for r in cold + warm] == [0, 0, *hits]
     chunks = sum(n // CHUNK for n in LENGTHS)  # only whole chunks are saved (LMCache's save_unfull_chunk: false)
@@ -58,6 +72,9 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
         "lookups_total": 4, "hit_tokens_total": sum(hits),
         "chunks_stored_total": chunks, "bytes_stored_total": chunks * chunk_bytes,
         "chunks_loaded_total": chunks, "bytes_loaded_total": chunks * chunk_bytes,
+        "group_bytes_stored_total": chunks * CHUNK * BYTES_PER_TOKEN,
+        "group_bytes_loaded_total": chunks * CHUNK * BYTES_PER_TOKEN,
+        "tier_bytes_read_total": chunks * chunk_bytes,
         "loads_failed_total": 0, "resets_total": 0,
         "remote_lookups_timed_out_total": 0, "remote_lookups_skipped_total": 0,
         "store_seconds_count": 2, "load_seconds_count": 2,
@@ -65,3 +82,7 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
         "load_seconds_sum": after[f"{PREFIX}load_seconds_sum"],
     }
     assert 0 < after[f"{PREFIX}store_seconds_sum"] < 10 and 0 < after[f"{PREFIX}load_seconds_sum"] < 10
+    # One KV-cache group: its bytes are the chunks' KV, without the trailer's column.
+    kv_bytes = chunks * CHUNK * BYTES_PER_TOKEN
+    assert per_group == {"stored": {"0": kv_bytes}, "loaded": {"0": kv_bytes}}
+    assert per_tier == {"LocalCPUBackend": chunks * chunk_bytes}  # the only tier: every object read from it

@@ -1,7 +1,8 @@
 """KV events for routers from a real ``vllm serve`` (``--kv-events-config``, vLLM's ZMQ publisher) of a Gemma-3-like
 hybrid with our connector: every chunk a request stored in LMCache is published once as ``BlockStored`` (medium
 ``CPU``, locality ``LOCAL``) with vLLM's own block hashes for those tokens -- the oracle is vLLM's prefix cache on
-the same server, which publishes its blocks (medium ``GPU``) with the hashes it computed -- and a reset with
+the same server, which publishes its blocks (medium ``GPU``) with the hashes it computed --; the chunks LMCache's
+CPU cache evicts to make room are published as ``BlockRemoved`` with those hashes; and a reset with
 ``reset_external`` publishes our ``AllBlocksCleared`` beside vLLM's."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from vllm.distributed.kv_events import AllBlocksCleared, BlockStored, KVEventBatch
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from lmcache_platforms.tools.demo.client import Sampling, run_requests
 from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
@@ -22,12 +23,15 @@ from lmcache_platforms.tools.demo.runners import Resources
 from lmcache_platforms.tools.demo.server import VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
-from tests.serving.test_connector_metrics import PREFIX, scrape
+from tests.serving.test_connector_metrics import PREFIX, scrape, scrape_by_label
 from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests, cpu_tier_env
 
 pytestmark = pytest.mark.slow
 
 BLOCK = 32
+LAYER_BYTES_PER_TOKEN = 2 * 2 * 64 * 2  # K and V x 2 KV heads x 64 dims x bf16
+CHUNK_BYTES = 131_072  # the tiny model's chunk object (its "bound layout" line)
+ROOM_CHUNKS = 5  # the CPU cache holds 5 of the 7 whole chunks of the two prompts: the second store evicts
 
 
 def receive(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000) -> list[Any]:
@@ -79,6 +83,14 @@ def expected_chains(vllm_chains: list[tuple[list[Any], list[int]]], prompts: lis
     return out
 
 
+def removed_oldest_first(removed: list[list[Any]], published: list[tuple[list[Any], list[int]]]) -> bool:
+    """Whether ``removed`` names the first chunks of the ``published`` chains (in the order they were stored),
+    each by exactly its blocks' hashes, none twice."""
+    per_chunk = CHUNK // BLOCK
+    chunks = [hashes[i:i + per_chunk] for hashes, _ in published for i in range(0, len(hashes), per_chunk)]
+    return removed == chunks[:len(removed)]
+
+
 def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path: Path) -> None:
     requests = _requests(TINY_MODEL.vocab_size)
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
@@ -91,8 +103,9 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
     server = VllmServer.for_model(ensure_model(TINY_MODEL),
                                   {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
                                   [*serve_args(BLOCK, 1024), "--kv-events-config", json.dumps(events_config)],
-                                  tmp_path / "server.log", Resources.available(), {**cpu_tier_env(tmp_path),
-                                   "VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache is a dev route
+                                  tmp_path / "server.log", Resources.available(), {
+                                      **cpu_tier_env(tmp_path, cpu_gib=(ROOM_CHUNKS + 0.5) * CHUNK_BYTES / 2**30),
+                                      "VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache is a dev route
     try:
         with server:
             cold = run_requests(server.base_url, prompts, Sampling(max_tokens=2))
@@ -100,7 +113,8 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
 
             def stored_all(events: list[Any]) -> bool:
                 return len(chains(events, "CPU")) >= ours_done and sum(
-                    len(c[1]) for c in chains(events, "CPU")) >= sum(n // CHUNK * CHUNK for n in LENGTHS)
+                    len(c[1]) for c in chains(events, "CPU")) >= sum(n // CHUNK * CHUNK for n in LENGTHS) and sum(
+                    isinstance(e, BlockRemoved) for e in events) >= 2
 
             stored = receive(subscriber, stored_all)
             again = run_requests(server.base_url, prompts, Sampling(max_tokens=2))
@@ -113,6 +127,7 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
             after = receive(subscriber, lambda events: sum(isinstance(e, AllBlocksCleared) for e in events) >= 2
                             and bool(chains(events, "CPU")))
             resets = scrape(server.base_url)[f"{PREFIX}resets_total"]
+            group_bytes = scrape_by_label(server.base_url, "group_bytes_stored_total", "kv_group")
     finally:
         subscriber.close(linger=0)
         context.term()
@@ -124,11 +139,21 @@ def test_a_hybrid_servers_stores_are_published_with_vllms_block_hashes(tmp_path:
     assert ours == expected_chains(vllm, tokens, BLOCK)
     ours_events = [e for e in stored if isinstance(e, BlockStored) and e.medium == "CPU"]
     assert {(e.block_size, e.locality, e.group_idx) for e in ours_events} == {(BLOCK, "LOCAL", None)}
+    # The second prompt's store made room by evicting the least recently used objects, the first prompt's: each
+    # chunk that lost one (its parts are objects of their own, of other sizes) is published once, in the order
+    # they were stored, with the hashes of its blocks; at least the two chunks' worth that did not fit.
+    removed = [e for e in stored if isinstance(e, BlockRemoved)]
+    assert {(e.medium, e.locality) for e in removed} == {("CPU", "LOCAL")}
+    assert 2 <= len(removed) < sum(len(hashes) for hashes, _ in ours) // (CHUNK // BLOCK)
+    assert removed_oldest_first([e.block_hashes for e in removed], ours)
     # The repeat hit vLLM's own cache and stored nothing new (else it would be in ``after``, ahead of the reset);
     # the reset cleared vLLM's blocks and LMCache's (one of the two is vLLM's: without ours, a time-out); the
     # first prompt after it hit nothing and was stored and published anew, after the clearing.
     assert [(r["vllm_hit_tokens"], r["lmcache_hit_tokens"]) for r in fresh] == [(0, 0)]
     assert resets == 1  # and on /metrics
+    # Four KV-cache groups of one layer each (full attention, then three sliding-window layers whose 64-token
+    # window spans a chunk): each stored its rows of the 7 chunks, then of the 4 stored again after the reset.
+    assert group_bytes == {str(group): 11 * CHUNK * LAYER_BYTES_PER_TOKEN for group in range(4)}
     kinds = [type(e).__name__ for e in after if not isinstance(e, BlockStored) or e.medium == "CPU"]
     assert kinds == ["AllBlocksCleared", "AllBlocksCleared", "BlockStored"], kinds
     assert chains(after, "CPU") == ours[:1]
@@ -144,3 +169,11 @@ def test_the_event_oracle_catches_a_wrong_hash_and_a_shifted_prompt() -> None:
     shifted = [([*good[0][0][1:], "h8"], tokens[32:288])]
     for planted in (wrong_hash, shifted):
         assert planted != expected_chains([vllm_chain], [tokens], BLOCK)
+
+
+def test_the_removal_oracle_catches_a_shifted_a_repeated_and_a_skipped_chunk() -> None:
+    """Negative control of ``removed_oldest_first``."""
+    published = [([f"h{i}" for i in range(8)], list(range(256)))]
+    assert removed_oldest_first([["h0", "h1"], ["h2", "h3"]], published)
+    for planted in ([["h1", "h2"]], [["h0", "h1"], ["h0", "h1"]], [["h2", "h3"]], [["h0"]]):
+        assert not removed_oldest_first(planted, published)

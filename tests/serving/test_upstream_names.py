@@ -30,11 +30,11 @@ CHUNK = 64
 LENGTHS = (300, 200)  # 4 and 3 whole chunks (vLLM computes the last token itself)
 
 
-def cpu_tier_env(folder: Path, extra: str = "") -> dict[str, str]:
-    """The environment of a server whose LMCache keeps ``CHUNK``-token chunks in its local CPU cache (plus
-    ``extra`` yaml lines)."""
+def cpu_tier_env(folder: Path, extra: str = "", cpu_gib: float = 0.5) -> dict[str, str]:
+    """The environment of a server whose LMCache keeps ``CHUNK``-token chunks in its local CPU cache of
+    ``cpu_gib`` (plus ``extra`` yaml lines)."""
     config = folder / "lmcache.yaml"
-    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: 0.5\n{extra}")
+    config.write_text(f"chunk_size: {CHUNK}\nlocal_cpu: true\nmax_local_cpu_size: {cpu_gib}\n{extra}")
     return {"LMCACHE_CONFIG_FILE": str(config)}
 
 

@@ -8,19 +8,27 @@ per step; the scheduler side keeps those every worker reported (each stores its 
 turns them into one ``BlockStored`` per tier with the request's own block hashes, token ids, LoRA adapter and
 extra keys, exactly as vLLM's prefix cache would publish those blocks. An event covers every KV-cache group
 (``group_idx`` is None): a prefix it names is a hit for every group at once.
+
+What a local tier drops (evicted, or removed as corrupt) becomes ``BlockRemoved``: a worker names each stored
+chunk as every worker and tier name it (``chunk_id``) in its report, and reports the chunks its local tiers
+drop (``RemovedChunk``, heard through ``connector.tier_watch``); the scheduler side remembers each stored chunk's
+block hashes (the request may be long gone when its chunks are evicted) and publishes the blocks of a dropped
+chunk once per tier, when the first worker reports it (every worker must hold a chunk for it to be a hit). The
+remote tier, shared and never evicting on our behalf, publishes no removal.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm import envs
-from vllm.distributed.kv_events import AllBlocksCleared, BlockStored, KVCacheEvent, KVConnectorKVEvents
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVConnectorKVEvents
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 
+from lmcache_platforms.connector.parts import PART_TAG
 from lmcache_platforms.integration.vllm.vllm_compat import MEDIUM_CPU, MEDIUM_STORAGE, event_extra_keys, event_fields
 from lmcache_platforms.log import init_logger
 
@@ -29,36 +37,60 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+ChunkId = tuple[int, tuple[tuple[str, Any], ...]]
+"""A stored chunk as every worker and every tier name it: LMCache's chunk hash and its key's tags, but the part's
+(a chunk stored in parts loses its hit with any one of them)."""
+MAX_TRACKED_CHUNKS = 1 << 16
+"""Stored chunks whose block hashes the scheduler side keeps for their removal (the oldest are forgotten first:
+a removal of one of those is not published)."""
+_PART_TAG_NAME = PART_TAG.removeprefix("lmcache.tag.")
+
+
+def chunk_id(key: Any) -> ChunkId:
+    """The ``ChunkId`` of an LMCache key (``CacheEngineKey``)."""
+    return key.chunk_hash, tuple(tag for tag in key.tags or () if tag[0] != _PART_TAG_NAME)
+
 
 @dataclass(frozen=True)
 class StoredPrefix:
     """One worker's report: request ``req_id``'s tokens ``[start, end)`` were written to LMCache by one store,
-    and tokens ``[0, end)`` are a hit."""
+    and tokens ``[0, end)`` are a hit; ``chunks`` names each chunk written, with its tokens."""
 
     req_id: str
     start: int
     end: int
+    chunks: tuple[tuple[int, int, ChunkId], ...] = ()
+
+
+@dataclass(frozen=True)
+class RemovedChunk:
+    """One worker's report: a local tier (vLLM's ``medium`` and ``locality`` words) dropped a stored chunk."""
+
+    chunk: ChunkId
+    medium: str
+    locality: str
 
 
 class StoredPrefixes(KVConnectorKVEvents):
     """The reports of the workers vLLM gathered into one step's output (it adds each worker's and counts them)."""
 
-    def __init__(self, reports: Iterable[StoredPrefix] = (), workers: int = 1) -> None:
-        self._reports: Counter[StoredPrefix] = Counter(reports)
+    def __init__(self, reports: Iterable[StoredPrefix | RemovedChunk] = (), workers: int = 1) -> None:
+        self._reports: Counter[StoredPrefix | RemovedChunk] = Counter(reports)
         self._workers = workers
 
     def add_events(self, events: list[Any]) -> None:
         self._reports.update(events)
 
     def aggregate(self) -> StoredPrefixes:
-        """Keep what every worker reported."""
+        """Keep what every worker stored and what any worker's tiers dropped."""
         self._reports = Counter({report: 1 for report in self.common()})
         self._workers = 1
         return self
 
-    def common(self) -> list[StoredPrefix]:
-        """The reports every worker made, in the order they arrived."""
-        return [report for report, count in self._reports.items() if count >= self._workers]
+    def common(self) -> list[StoredPrefix | RemovedChunk]:
+        """The stores every worker reported and the removals any worker reported, in the order they arrived."""
+        return [report for report, count in self._reports.items()
+                if isinstance(report, RemovedChunk) or count >= self._workers]
 
     def increment_workers(self, count: int = 1) -> None:
         self._workers += count
@@ -93,6 +125,15 @@ def tiers_of(config: Any) -> tuple[Tier, ...]:
     if getattr(config, "remote_url", None):
         tiers.append(Tier(MEDIUM_STORAGE, "REMOTE"))
     return tuple(tiers)
+
+
+_LOCAL_BACKENDS = {"LocalCPUBackend": Tier(MEDIUM_CPU, "LOCAL"), "LocalDiskBackend": Tier(MEDIUM_STORAGE, "LOCAL")}
+
+
+def local_tiers(backends: Mapping[str, Any]) -> list[tuple[Any, Tier]]:
+    """The backends of an LMCache storage manager (``storage_backends``) that report what they drop, with their
+    tier."""
+    return [(backend, _LOCAL_BACKENDS[name]) for name, backend in backends.items() if name in _LOCAL_BACKENDS]
 
 
 def external_hashes(hashes: list[Any]) -> list[Any]:
@@ -142,16 +183,24 @@ class EventQueue:
         self._tiers = tiers
         self._events: list[KVCacheEvent] = []
         self._published: dict[str, int] = {}
+        self._dropping = frozenset(tier for tier in tiers if tier in _LOCAL_BACKENDS.values())
+        self._chunks: OrderedDict[ChunkId, tuple[list[Any], set[Tier]]] = OrderedDict()
+        """Each stored chunk's block hashes, and the tiers that hold it and report when they drop it."""
 
     def stored(self, reports: Any, requests: dict[str, Request]) -> None:
-        """One step's gathered worker reports: an event per tier for the hash blocks each prefix adds."""
+        """One step's gathered worker reports: an event per tier for the hash blocks each prefix adds, and for
+        the blocks of each chunk a tier dropped."""
         if not self.enabled or not isinstance(reports, StoredPrefixes):
             return
         for report in reports.common():
+            if isinstance(report, RemovedChunk):
+                self._removed(report)
+                continue
             request = requests.get(report.req_id)
             if request is None:
                 logger.debug("request %s ended before its store was reported: no KV event", report.req_id)
                 continue
+            self._track(request, report.chunks)
             first = max(report.start // self._hash_block_size, self._published.get(report.req_id, 0))
             last = min(report.end // self._hash_block_size, len(request.block_hashes))
             if last <= first:
@@ -159,6 +208,35 @@ class EventQueue:
             self._published[report.req_id] = last
             self._events.extend(block_stored(request, first, last, self._hash_block_size, tier)
                                 for tier in self._tiers)
+
+    def _track(self, request: Request, chunks: tuple[tuple[int, int, ChunkId], ...]) -> None:
+        """Remember the hash blocks each stored chunk overlaps (losing the chunk loses them)."""
+        if not self._dropping or not chunks:
+            return
+        size = self._hash_block_size
+        base = chunks[0][0] // size
+        hashes = external_hashes(request.block_hashes[base:-(-chunks[-1][1] // size)])
+        for start, end, chunk in chunks:
+            first, last = start // size - base, min(-(-end // size), len(request.block_hashes)) - base
+            if last <= first:
+                continue
+            self._chunks[chunk] = (hashes[first:last], set(self._dropping))
+            self._chunks.move_to_end(chunk)
+            if len(self._chunks) > MAX_TRACKED_CHUNKS:
+                self._chunks.popitem(last=False)
+
+    def _removed(self, report: RemovedChunk) -> None:
+        """A tier dropped a chunk: its blocks are no hit there any more (published once per tier)."""
+        tier = Tier(report.medium, report.locality)
+        entry = self._chunks.get(report.chunk)
+        if entry is None or tier not in entry[1]:
+            return
+        hashes, holding = entry
+        holding.discard(tier)
+        if not holding:
+            del self._chunks[report.chunk]
+        self._events.append(BlockRemoved(**event_fields(BlockRemoved, {
+            "block_hashes": list(hashes), "medium": tier.medium, "locality": tier.locality})))
 
     def finished(self, req_id: str) -> None:
         self._published.pop(req_id, None)
@@ -168,6 +246,7 @@ class EventQueue:
         if self.enabled:
             self._events.append(AllBlocksCleared())
             self._published.clear()
+            self._chunks.clear()
 
     def take(self) -> Iterator[KVCacheEvent]:
         events, self._events = self._events, []

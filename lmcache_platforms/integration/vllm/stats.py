@@ -3,13 +3,15 @@
 vLLM asks every worker and the scheduler for ``get_kv_connector_stats()`` each step, sums them with
 ``aggregate`` (across tensor-parallel workers and steps), logs ``reduce()`` with its periodic stats line and hands
 the same data to our Prometheus families (``build_prom_metrics``). The data is a plain dict (it crosses process
-boundaries): counters, and the seconds of each load and store for the histograms.
+boundaries): counters, bytes per vLLM KV-cache group and per storage tier, and the seconds of each load and store
+for the histograms.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
@@ -38,6 +40,15 @@ FAILURE_CAUSES: dict[str, str] = {
 FAILED = {cause: f"failed_{cause}" for cause in FAILURE_CAUSES}
 COUNTED = (*COUNTERS, *FAILED.values())
 """Every count the data carries (summed over workers and steps)."""
+LABELLED: dict[str, tuple[str, str]] = {
+    "group_bytes_stored": ("kv_group", "KV bytes of one vLLM KV-cache group written to LMCache (its rows, without "
+                                       "the chunk objects' checksum trailer and padding)"),
+    "group_bytes_loaded": ("kv_group", "KV bytes of one vLLM KV-cache group read from LMCache into the KV cache"),
+    "tier_bytes_read": ("tier", "chunk object bytes LMCache read from one storage tier (its backend's name) for "
+                                "loads"),
+}
+"""Counts by one label (name -> label, documentation): in the data, ``{label value as str: count}`` (summed over
+workers and steps); on ``/metrics``, that label."""
 TIMINGS: dict[str, str] = {
     "store_seconds": "seconds one request's store took (LMCache's store call, copy included)",
     "load_seconds": "seconds one request's load took (LMCache's retrieve call, copy included)",
@@ -48,7 +59,11 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 
 def _empty() -> dict[str, Any]:
-    return {**dict.fromkeys(COUNTED, 0), **{name: [] for name in TIMINGS}}
+    return {**dict.fromkeys(COUNTED, 0), **{name: {} for name in LABELLED}, **{name: [] for name in TIMINGS}}
+
+
+def _add_labelled(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    return {**into, **{value: into.get(value, 0) + count for value, count in counts.items()}}
 
 
 class PlatformsConnectorStats(KVConnectorStats):
@@ -63,6 +78,8 @@ class PlatformsConnectorStats(KVConnectorStats):
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name in COUNTED:
             self.data[name] += other.data.get(name, 0)
+        for name in LABELLED:
+            self.data[name] = _add_labelled(self.data[name], other.data.get(name, {}))
         for name in TIMINGS:
             self.data[name] = [*self.data[name], *other.data.get(name, ())]
         return self
@@ -78,7 +95,7 @@ class PlatformsConnectorStats(KVConnectorStats):
         return reduced
 
     def is_empty(self) -> bool:
-        return not any(self.data[name] for name in (*COUNTERS, *TIMINGS))
+        return not any(self.data[name] for name in (*COUNTERS, *LABELLED, *TIMINGS))
 
 
 class StatsRecorder:
@@ -87,6 +104,7 @@ class StatsRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTED, 0)
+        self._labelled: dict[str, dict[str, int]] = {name: {} for name in LABELLED}
         self._timings: dict[str, deque[float]] = {name: deque(maxlen=MAX_TIMINGS) for name in TIMINGS}
         self._seen: dict[str, int] = {}
         self.totals = dict.fromkeys(COUNTED, 0)
@@ -106,6 +124,12 @@ class StatsRecorder:
                 self._counts[name] += gained
                 self.totals[name] += gained
 
+    def count_labelled(self, name: str, counts: Mapping[Any, int]) -> None:
+        """Count ``name`` (a key of ``LABELLED``) for each label value of ``counts`` (a group index, a tier)."""
+        gained = {str(value): count for value, count in counts.items() if count}
+        with self._lock:
+            self._labelled[name] = _add_labelled(self._labelled[name], gained)
+
     def failed_load(self, cause: str) -> None:
         """One load reported failed to vLLM, for ``cause`` (a key of ``FAILURE_CAUSES``)."""
         if cause not in FAILURE_CAUSES:
@@ -122,12 +146,19 @@ class StatsRecorder:
     def take(self) -> PlatformsConnectorStats | None:
         """The stats since the last take (None when nothing happened), and start afresh."""
         with self._lock:
-            data = {**self._counts, **{name: list(values) for name, values in self._timings.items()}}
+            data = {**self._counts, **self._labelled,
+                    **{name: list(values) for name, values in self._timings.items()}}
             self._counts = dict.fromkeys(self._counts, 0)
+            self._labelled = {name: {} for name in LABELLED}
             for values in self._timings.values():
                 values.clear()
         stats = PlatformsConnectorStats(data)
         return None if stats.is_empty() else stats
+
+
+def grown(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """What each group's running count in ``after`` gained since ``before`` (a copy taken earlier)."""
+    return {group: count - before.get(group, 0) for group, count in after.items() if count != before.get(group, 0)}
 
 
 def _per_engine(metrics: dict[str, Any], labelvalues: dict[int, list[object]]) -> dict[int, dict[str, Any]]:
@@ -137,7 +168,8 @@ def _per_engine(metrics: dict[str, Any], labelvalues: dict[int, list[object]]) -
 
 
 class PlatformsPromMetrics(KVConnectorPromMetrics):
-    """``vllm:lmcache_platforms_*_total`` counters and ``*_seconds`` histograms, per vLLM engine."""
+    """``vllm:lmcache_platforms_*_total`` counters (with one more label where ``LABELLED``) and ``*_seconds``
+    histograms, per vLLM engine."""
 
     def __init__(self, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
                  per_engine_labelvalues: dict[int, list[object]]) -> None:
@@ -151,6 +183,9 @@ class PlatformsPromMetrics(KVConnectorPromMetrics):
                          labelnames=[*labelnames, "cause"])
         histograms = {name: histogram(name=f"{PREFIX}{name}", documentation=doc, buckets=list(BUCKETS),
                                       labelnames=labelnames) for name, doc in TIMINGS.items()}
+        self._labelled = {name: counter(name=f"{PREFIX}{name}", documentation=doc, labelnames=[*labelnames, label])
+                          for name, (label, doc) in LABELLED.items()}
+        self._labelvalues = per_engine_labelvalues
         self._counters = _per_engine(counters, per_engine_labelvalues)
         # Every cause's sample exists from the start (at 0), so a dashboard's rate() has a series to read.
         self._failed = {engine: {FAILED[cause]: failed.labels(*values, cause) for cause in FAILURE_CAUSES}
@@ -164,3 +199,6 @@ class PlatformsPromMetrics(KVConnectorPromMetrics):
         for name, metric in self._histograms[engine_idx].items():
             for seconds in transfer_stats_data.get(name, ()):
                 metric.observe(seconds)
+        for name, family in self._labelled.items():
+            for value, count in transfer_stats_data.get(name, {}).items():
+                family.labels(*self._labelvalues[engine_idx], value).inc(count)

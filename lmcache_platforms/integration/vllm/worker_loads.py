@@ -23,10 +23,12 @@ import torch
 from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.request import LAYER_GATE
+from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults, StartedLoad
 from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
+from lmcache_platforms.integration.vllm.stats import grown
 from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:
@@ -53,11 +55,13 @@ class WorkerLoads(ImplState):
     request waits, paged or layer by layer), report failed and finished loads."""
 
     _layerwise_loads: list[_LayerwiseLoad]
+    _reads_heard: bool
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
                               config: LMCacheEngineConfig) -> None:
         super()._init_connector_state(role, vllm_config, config)
         self._layerwise_loads = []
+        self._reads_heard = False
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
@@ -147,6 +151,19 @@ class WorkerLoads(ImplState):
         else:
             self._fail_load(request, spec.vllm_cached_tokens, spec.lmcache_cached_tokens, "unregistered")
 
+    def _hear_reads(self, engine: LMCacheEngine) -> None:
+        """From this worker's first load on, count the bytes each storage tier serves it
+        (``connector.tier_watch``)."""
+        if self._reads_heard:
+            return
+        self._reads_heard = True
+        stats = self.stats
+
+        def read(tier: str, objects: list[Any]) -> None:
+            stats.count_labelled("tier_bytes_read", {tier: sum(o.get_size() for o in objects if o is not None)})
+
+        listen(engine.storage_manager, "stats", read)
+
     def _load_waiting(self, engine: LMCacheEngine, request: RequestMeta, _req_id: str, guard: LoadGuard) -> bool:
         """A load while its request waits (``AsyncLoads.submit``): whether every token arrived intact."""
         return self._load_one(engine, request, guard) is None
@@ -168,9 +185,11 @@ class WorkerLoads(ImplState):
         mask[:skipped] = False
         self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
+        self._hear_reads(engine)
         binding = self._binding()
         bytes_before = binding.counters.bytes_loaded if binding is not None else 0
         chunks_before = binding.counters.chunks_loaded if binding is not None else 0
+        groups_before = dict(binding.counters.group_bytes_loaded) if binding is not None else {}
         corrupt_before = binding.counters.objects_corrupt if binding is not None else 0
         started = time.perf_counter()
         try:
@@ -190,6 +209,8 @@ class WorkerLoads(ImplState):
             if binding is not None:
                 self.stats.count("bytes_loaded", binding.counters.bytes_loaded - bytes_before)
                 self.stats.count("chunks_loaded", binding.counters.chunks_loaded - chunks_before)
+                self.stats.count_labelled("group_bytes_loaded",
+                                          grown(groups_before, binding.counters.group_bytes_loaded))
         if guard.failure is not None:
             logger.error("request %s: LMCache load of %d tokens failed: %s", request.req_id, int(mask.sum()),
                          guard.failure)

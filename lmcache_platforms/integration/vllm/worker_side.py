@@ -20,8 +20,18 @@ import torch
 
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.parts import store_chunks_ending_at
-from lmcache_platforms.integration.vllm.kv_events import StoredPrefix, StoredPrefixes
+from lmcache_platforms.connector.tier_watch import listen
+from lmcache_platforms.integration.vllm.kv_events import (
+    ChunkId,
+    RemovedChunk,
+    StoredPrefix,
+    StoredPrefixes,
+    Tier,
+    chunk_id,
+    local_tiers,
+)
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
+from lmcache_platforms.integration.vllm.stats import grown
 from lmcache_platforms.integration.vllm.worker_loads import WorkerLoads
 from lmcache_platforms.log import init_logger
 
@@ -41,9 +51,11 @@ class WorkerSide(WorkerLoads):
     """This step's saves on the store thread: their gate, their outcome, and the requests whose lookup pins they
     leave (a same-step load of theirs may still be reading the pinned chunks): unpinned once the loads ended."""
     _store_thread: ThreadPoolExecutor | None
-    _stored_prefixes: deque[StoredPrefix] | None
-    """What this worker's stores made hits since vLLM last took its KV events (None: vLLM publishes none); the
-    store thread appends while vLLM may take (when it finishes a step's saves later)."""
+    _stored_prefixes: deque[StoredPrefix | RemovedChunk] | None
+    """What this worker's stores made hits, and what its local tiers dropped, since vLLM last took its KV events
+    (None: vLLM publishes none); the store thread appends while vLLM may take (when it finishes a step's saves
+    later)."""
+    _removals_heard: bool
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,
                               config: LMCacheEngineConfig) -> None:
@@ -51,6 +63,7 @@ class WorkerSide(WorkerLoads):
         self._store_job = None
         self._store_thread = None
         self._stored_prefixes = deque() if self.kv_events.enabled else None
+        self._removals_heard = False
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         """Layerwise mode: ``layer_name``'s KV is written; the step's saves (started by the first layer) may copy
@@ -111,24 +124,44 @@ class WorkerSide(WorkerLoads):
             binding = self._binding()
             bytes_before = binding.counters.bytes_stored if binding is not None else 0
             chunks_before = binding.counters.chunks_stored if binding is not None else 0
+            groups_before = dict(binding.counters.group_bytes_stored) if binding is not None else {}
             started = time.perf_counter()
+            self._hear_removals(engine)
             self._store(engine, request, mask, start, end, kwargs)
             if binding is None:
                 continue
             self.stats.timing("store_seconds", time.perf_counter() - started)
             self.stats.count("bytes_stored", binding.counters.bytes_stored - bytes_before)
             self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
-            self._report_stored(request, start, end, binding.counters.chunks_stored - chunks_before)
+            self.stats.count_labelled("group_bytes_stored", grown(groups_before, binding.counters.group_bytes_stored))
+            self._report_stored(engine, request, start, end, binding.counters.chunks_stored - chunks_before,
+                                kwargs.get("request_configs"))
             if binding.counters.bytes_stored > bytes_before:
                 states = f", recurrent state at {list(request.state_ends)}" if self.plan.snapshot_groups else ""
                 logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s%s", request.req_id,
                             start, end, binding.counters.bytes_stored - bytes_before, states,
                             ", layer by layer" if gate is not None else "")
 
-    def _report_stored(self, request: RequestMeta, start: int, end: int, chunks: int) -> None:
-        """For the KV events: the prefix a store of ``chunks`` chunks from ``start`` made a hit. LMCache writes a
-        store's chunks in order and stops early only when its memory runs out; with recurrent states a hit ends
-        where a state was kept."""
+    def _hear_removals(self, engine: LMCacheEngine) -> None:
+        """For the KV events: from this worker's first save on, report what its engine's local tiers drop
+        (``connector.tier_watch``); nothing they drop before was stored by a save of this worker."""
+        reports = self._stored_prefixes
+        if reports is None or self._removals_heard:
+            return
+        self._removals_heard = True
+
+        def report(tier: Tier) -> Any:
+            return lambda key: reports.append(RemovedChunk(chunk_id(key), tier.medium, tier.locality))
+
+        for backend, tier in local_tiers(engine.storage_manager.storage_backends):
+            listen(backend, "kv-events", report(tier))
+
+    def _report_stored(self, engine: LMCacheEngine, request: RequestMeta, start: int, end: int, chunks: int,
+                       request_configs: dict[str, Any] | None) -> None:
+        """For the KV events: the prefix a store of ``chunks`` chunks from ``start`` made a hit, and the chunks
+        written (keyed as the store keyed them, with ``request_configs``). LMCache writes a store's chunks in
+        order and stops early only when its memory runs out; with recurrent states a hit ends where a state was
+        kept."""
         if self._stored_prefixes is None or not chunks:
             return
         if self.plan.snapshot_groups:
@@ -138,7 +171,13 @@ class WorkerSide(WorkerLoads):
             reached = max(ends)
         else:
             reached = min(end, start + chunks * self._lmcache_chunk_size)
-        self._stored_prefixes.append(StoredPrefix(request.req_id, start, reached))
+        tokens = request.token_ids[:reached]
+        mask = torch.ones(len(tokens), dtype=torch.bool)
+        mask[:start] = False
+        written: tuple[tuple[int, int, ChunkId], ...] = tuple(
+            (first, last, chunk_id(key)) for first, last, key in
+            engine.token_database.process_tokens(tokens=tokens, mask=mask, request_configs=request_configs))
+        self._stored_prefixes.append(StoredPrefix(request.req_id, start, reached, written))
 
     def take_stored_prefixes(self) -> StoredPrefixes | None:
         """This worker's reports since the last call, for vLLM to gather (``get_kv_connector_kv_cache_events``)."""
