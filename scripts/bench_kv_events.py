@@ -44,7 +44,7 @@ def token_database(chunk: int) -> Any:
 def worker_ms(tokens: int, chunk: int, repeats: int) -> tuple[float, tuple[tuple[int, int, ChunkId], ...]]:
     """The mean time to name a store's chunks, and the names."""
     database = token_database(chunk)
-    ids = torch.arange(1, tokens + 1)
+    ids = list(range(1, tokens + 1))  # a list of ints, as the worker's request metadata holds them
     mask = torch.ones(tokens, dtype=torch.bool)
     tags = {"lmcache.tag.lmcp_layout": "bench"}
     chunks: tuple[tuple[int, int, ChunkId], ...] = ()
