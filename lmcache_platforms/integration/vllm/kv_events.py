@@ -20,7 +20,7 @@ remote tier, shared and never evicting on our behalf, publishes no removal.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +144,27 @@ def external_hashes(hashes: list[Any]) -> list[Any]:
     return [int.from_bytes(block_hash, byteorder="big") & 0xFFFF_FFFF_FFFF_FFFF for block_hash in hashes]
 
 
+class _Published:
+    """A request's block hashes as ``external_hashes`` gives them, each converted once for all of a report's uses."""
+
+    def __init__(self, block_hashes: list[Any]) -> None:
+        self._source = block_hashes
+        self._converted: list[Any] = []
+        self._first: int | None = None
+        """The block ``_converted`` starts at."""
+
+    def __call__(self, first: int, last: int) -> list[Any]:
+        if self._first is None:
+            self._first = first
+        if first < self._first:
+            self._converted[:0] = external_hashes(self._source[first:self._first])
+            self._first = first
+        end = self._first + len(self._converted)
+        if last > end:
+            self._converted.extend(external_hashes(self._source[end:last]))
+        return self._converted[first - self._first:last - self._first]
+
+
 def _extra_keys(request: Request, first: int, last: int, hash_block_size: int) -> list[tuple[Any, ...] | None]:
     """Each block's extra hash keys as vLLM computes them (none without an adapter, salt or multimodal input)."""
     if not (request.lora_request or request.cache_salt or request.mm_features or request.prompt_embeds is not None):
@@ -156,22 +177,26 @@ def _extra_keys(request: Request, first: int, last: int, hash_block_size: int) -
     return keys
 
 
-def block_stored(request: Request, first: int, last: int, hash_block_size: int, tier: Tier) -> BlockStored:
-    """vLLM's event for the request's hash blocks ``[first, last)``, as its prefix cache builds one."""
-    hashes = external_hashes(request.block_hashes[max(0, first - 1):last])
+def block_stored(request: Request, first: int, last: int, hash_block_size: int, tiers: tuple[Tier, ...],
+                 published: Callable[[int, int], list[Any]] | None = None) -> list[BlockStored]:
+    """vLLM's event for the request's hash blocks ``[first, last)``, as its prefix cache builds one, for each tier;
+    ``published(a, b)``: blocks ``[a, b)`` as ``external_hashes`` gives them (computed here without it)."""
+    hashes = (published or (lambda a, b: external_hashes(request.block_hashes[a:b])))(max(0, first - 1), last)
     lora = request.lora_request
-    return BlockStored(**event_fields(BlockStored, {
+    fields = event_fields(BlockStored, {
         "block_hashes": hashes[1:] if first else hashes,
         "parent_block_hash": hashes[0] if first else None,
         "token_ids": list(request.all_token_ids[first * hash_block_size:last * hash_block_size]),
         "block_size": hash_block_size,
         "lora_id": lora.adapter_id if lora else None,
-        "medium": tier.medium,
+        "medium": None,
         "lora_name": lora.name if lora else None,
         "extra_keys": event_extra_keys(_extra_keys(request, first, last, hash_block_size)),
-        "locality": tier.locality,
+        "locality": None,
         "session_id": getattr(request, "session_id", None),
-    }))
+    })
+    return [BlockStored(**{**fields, **event_fields(BlockStored, {"medium": tier.medium, "locality": tier.locality})})
+            for tier in tiers]
 
 
 class EventQueue:
@@ -200,27 +225,26 @@ class EventQueue:
             if request is None:
                 logger.debug("request %s ended before its store was reported: no KV event", report.req_id)
                 continue
-            self._track(request, report.chunks)
+            published = _Published(request.block_hashes)
+            self._track(request, report.chunks, published)
             first = max(report.start // self._hash_block_size, self._published.get(report.req_id, 0))
             last = min(report.end // self._hash_block_size, len(request.block_hashes))
             if last <= first:
                 continue
             self._published[report.req_id] = last
-            self._events.extend(block_stored(request, first, last, self._hash_block_size, tier)
-                                for tier in self._tiers)
+            self._events.extend(block_stored(request, first, last, self._hash_block_size, self._tiers, published))
 
-    def _track(self, request: Request, chunks: tuple[tuple[int, int, ChunkId], ...]) -> None:
+    def _track(self, request: Request, chunks: tuple[tuple[int, int, ChunkId], ...], published: _Published) -> None:
         """Remember the hash blocks each stored chunk overlaps (losing the chunk loses them)."""
         if not self._dropping or not chunks:
             return
         size = self._hash_block_size
-        base = chunks[0][0] // size
-        hashes = external_hashes(request.block_hashes[base:-(-chunks[-1][1] // size)])
+        published(chunks[0][0] // size, min(-(-chunks[-1][1] // size), len(request.block_hashes)))  # at once
         for start, end, chunk in chunks:
-            first, last = start // size - base, min(-(-end // size), len(request.block_hashes)) - base
+            first, last = start // size, min(-(-end // size), len(request.block_hashes))
             if last <= first:
                 continue
-            self._chunks[chunk] = (hashes[first:last], set(self._dropping))
+            self._chunks[chunk] = (published(first, last), set(self._dropping))
             self._chunks.move_to_end(chunk)
             if len(self._chunks) > MAX_TRACKED_CHUNKS:
                 self._chunks.popitem(last=False)
