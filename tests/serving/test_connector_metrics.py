@@ -1,4 +1,5 @@
-"""Our connector's statistics on a real ``vllm serve``'s ``/metrics``: after a cold and a warm pass of two prompts
+"""Our connector's statistics on a real ``vllm serve``'s ``/metrics``, served by two API server processes (vLLM hands
+each step's statistics to one of them and sums their samples): after a cold and a warm pass of two prompts
 (vLLM's prefix cache off, so the repeats load from LMCache), the counters are exact: lookups, hit tokens, chunks
 and bytes stored and loaded (bytes = chunks x the chunk object's bytes: the model's layout, then the checksum
 trailer's column; per KV-cache group, the group's own bytes; per tier, the objects read from it), one load and
@@ -52,7 +53,8 @@ def test_metrics_count_exactly_what_moved(tmp_path: Path) -> None:
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
     server = VllmServer.for_model(ensure_model(TINY_DENSE_MODEL),
                                   {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
-                                  [*serve_args(32, 1024), "--no-enable-prefix-caching"], tmp_path / "server.log",
+                                  [*serve_args(32, 1024), "--no-enable-prefix-caching", "--api-server-count", "2"],
+                                  tmp_path / "server.log",
                                   Resources.available(), cpu_tier_env(tmp_path))
     with server:
         before = scrape(server.base_url)
