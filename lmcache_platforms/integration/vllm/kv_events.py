@@ -178,10 +178,10 @@ def _extra_keys(request: Request, first: int, last: int, hash_block_size: int) -
 
 
 def block_stored(request: Request, first: int, last: int, hash_block_size: int, tiers: tuple[Tier, ...],
-                 published: Callable[[int, int], list[Any]] | None = None) -> list[BlockStored]:
+                 published: Callable[[int, int], list[Any]]) -> list[BlockStored]:
     """vLLM's event for the request's hash blocks ``[first, last)``, as its prefix cache builds one, for each tier;
-    ``published(a, b)``: blocks ``[a, b)`` as ``external_hashes`` gives them (computed here without it)."""
-    hashes = (published or (lambda a, b: external_hashes(request.block_hashes[a:b])))(max(0, first - 1), last)
+    ``published(a, b)``: blocks ``[a, b)`` as ``external_hashes`` gives them."""
+    hashes = published(max(0, first - 1), last)
     lora = request.lora_request
     fields = event_fields(BlockStored, {
         "block_hashes": hashes[1:] if first else hashes,

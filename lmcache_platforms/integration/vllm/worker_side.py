@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -150,7 +151,7 @@ class WorkerSide(WorkerLoads):
             return
         self._removals_heard = True
 
-        def report(tier: Tier) -> Any:
+        def report(tier: Tier) -> Callable[[Any], None]:
             return lambda key: reports.append(RemovedChunk(chunk_id(key), tier.medium, tier.locality))
 
         for backend, tier in local_tiers(engine.storage_manager.storage_backends):
