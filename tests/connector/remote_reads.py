@@ -10,6 +10,7 @@ import pytest
 
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.tools.engine import LayoutEngine
+from tests.upstream_originals import put_back
 
 UPSTREAM_READ_PATHS = ("support_batched_get", "batched_get", "support_batched_contains", "batched_contains",
                        "_batched_async_contains", "._get")
@@ -31,16 +32,9 @@ def remote_connector(engine: LayoutEngine) -> Any:
 def upstream_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """LMCache 0.5.6's remote read paths back for this test: every catalog patch of them restored to its
     original."""
-    import lmcache_platforms
-    from lmcache_platforms.patching.patch import resolve_owner
-
-    records = [r for r in lmcache_platforms.activate().registry.records
-               if r.patch.target.endswith(UPSTREAM_READ_PATHS)
-               and r.patch.replacement.split(":")[0].endswith(("redis_reads", "batched_remote"))]
+    records = put_back(monkeypatch, lambda patch: patch.target.endswith(UPSTREAM_READ_PATHS)
+                       and patch.replacement.split(":")[0].endswith(("redis_reads", "batched_remote")))
     assert len(records) == 8, [r.patch.target for r in records]
-    for record in records:
-        owner, name = resolve_owner(__import__(record.patch.module, fromlist=["_"]), record.patch.attr)
-        monkeypatch.setattr(owner, name, record.original)
 
 
 class RoundTrips:

@@ -17,6 +17,7 @@ from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
 from tests.connector.remote_reads import remote_connector
+from tests.upstream_originals import put_back
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -67,13 +68,7 @@ def test_a_batch_of_writes_is_in_flight_until_it_lands_and_draining_waits_for_it
 
 def test_without_the_fix_a_batch_of_writes_looks_landed_while_it_is_held(held_writes, redis_url, monkeypatch):
     """Negative control: LMCache's own ``batched_submit_put_task`` back; the count above would see nothing."""
-    import lmcache_platforms
-    from lmcache_platforms.patching.patch import resolve_owner
-
-    record = next(r for r in lmcache_platforms.activate().registry.records
-                  if r.patch.target.endswith("RemoteBackend.batched_submit_put_task"))
-    owner, name = resolve_owner(__import__(record.patch.module, fromlist=["_"]), record.patch.attr)
-    monkeypatch.setattr(owner, name, record.original)
+    assert len(put_back(monkeypatch, lambda patch: patch.target.endswith("RemoteBackend.batched_submit_put_task"))) == 1
     engine, request, release = held_writes
     engine.store(request.tokens, request.store_ids)
     assert pending_writes(engine.engine) == 0

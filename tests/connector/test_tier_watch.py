@@ -18,6 +18,7 @@ from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions
 from lmcache_platforms.tools.fixtures import materialize
+from tests.upstream_originals import put_back
 
 pytestmark = pytest.mark.slow
 
@@ -80,13 +81,8 @@ def test_an_evicting_cpu_cache_names_every_chunk_it_dropped_and_a_load_its_tier_
 @pytest.mark.parametrize("patched", ["LocalCPUBackend.remove", "StorageManager.batched_get"])
 def test_without_the_patch_nothing_is_heard(monkeypatch: pytest.MonkeyPatch, patched: str) -> None:
     """Negative control: LMCache's own method back; the same eviction and load happen and nothing is heard."""
-    import lmcache_platforms
-    from lmcache_platforms.patching.patch import resolve_owner
-
     ensure_patched()
-    record = next(r for r in lmcache_platforms.activate().registry.records if r.patch.target.endswith(patched))
-    owner, name = resolve_owner(__import__(record.patch.module, fromlist=["_"]), record.patch.attr)
-    monkeypatch.setattr(owner, name, record.original)
+    assert len(put_back(monkeypatch, lambda patch: patch.target.endswith(patched))) == 1
     heard = _run()
     assert heard.hits == (0, heard.tokens) and heard.loaded == heard.tokens
     assert (heard.dropped == [], heard.reads == []) == (patched.endswith("remove"), patched.endswith("batched_get"))

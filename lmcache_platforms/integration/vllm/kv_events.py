@@ -114,20 +114,24 @@ class Tier:
     locality: str
 
 
+_CPU = Tier(MEDIUM_CPU, "LOCAL")
+_DISK = Tier(MEDIUM_STORAGE, "LOCAL")
+_REMOTE = Tier(MEDIUM_STORAGE, "REMOTE")
+_LOCAL_BACKENDS = {"LocalCPUBackend": _CPU, "LocalDiskBackend": _DISK}
+"""The backends that report what they drop (``connector.tier_watch``), by their storage manager name."""
+
+
 def tiers_of(config: Any) -> tuple[Tier, ...]:
     """The tiers LMCache writes every stored chunk to, from its config: local CPU memory, local disk, a remote
     store (shared with every server of the same store: ``REMOTE``)."""
     tiers = []
     if getattr(config, "local_cpu", False):
-        tiers.append(Tier(MEDIUM_CPU, "LOCAL"))
+        tiers.append(_CPU)
     if getattr(config, "local_disk", None):
-        tiers.append(Tier(MEDIUM_STORAGE, "LOCAL"))
+        tiers.append(_DISK)
     if getattr(config, "remote_url", None):
-        tiers.append(Tier(MEDIUM_STORAGE, "REMOTE"))
+        tiers.append(_REMOTE)
     return tuple(tiers)
-
-
-_LOCAL_BACKENDS = {"LocalCPUBackend": Tier(MEDIUM_CPU, "LOCAL"), "LocalDiskBackend": Tier(MEDIUM_STORAGE, "LOCAL")}
 
 
 def local_tiers(backends: Mapping[str, Any]) -> list[tuple[Any, Tier]]:
@@ -208,7 +212,7 @@ class EventQueue:
         self._tiers = tiers
         self._events: list[KVCacheEvent] = []
         self._published: dict[str, int] = {}
-        self._dropping = frozenset(tier for tier in tiers if tier in _LOCAL_BACKENDS.values())
+        self._dropping = frozenset(tiers) & {_CPU, _DISK}
         self._chunks: OrderedDict[ChunkId, tuple[list[Any], set[Tier]]] = OrderedDict()
         """Each stored chunk's block hashes, and the tiers that hold it and report when they drop it."""
 
