@@ -157,18 +157,24 @@ def metric_values(text: str, names: dict[str, str]) -> dict[str, float]:
     return values
 
 
-def worker_pids(group: int) -> list[int]:
-    """vLLM worker processes of a server's process group (their titles name them ``VLLM::Worker``)."""
+def _titled(group: int, title: bytes) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if os.getpgid(int(entry.name)) == group and b"Worker" in (entry / "cmdline").read_bytes():
+            if os.getpgid(int(entry.name)) == group and title in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except (OSError, ProcessLookupError):
             continue
     return sorted(found)
+
+
+def worker_pids(group: int) -> list[int]:
+    """The processes of a server's process group that run vLLM's workers: those titled ``VLLM::Worker``
+    (a multiprocess executor), else the engine core (``VLLM::EngineCore``), which runs a one-process executor's
+    worker itself."""
+    return _titled(group, b"Worker") or _titled(group, b"EngineCore")
 
 
 def rss_bytes(pid: int) -> int:

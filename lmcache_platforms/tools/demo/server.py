@@ -28,13 +28,28 @@ def vllm_command() -> str:
     return str(Path(sys.executable).with_name("vllm"))
 
 
+# vLLM's CPU build runs the worker of a one-rank engine in a process of its own (it turns the "uni" executor into
+# "mp"); on a GPU that worker runs inside the engine core. Naming the one-process executor by its class keeps the
+# GPU's layout (API server + engine core), which is what users of this package run, and saves a third interpreter
+# importing vLLM at every server start. The class is vLLM's own; a GPU build picks the same one by default.
+IN_CORE_WORKER = ["--distributed-executor-backend", "vllm.v1.executor.uniproc_executor.UniProcExecutor"]
+_PARALLEL_FLAGS = ("--distributed-executor-backend", "-tp", "-pp", "-dp")
+
+
+def runs_one_rank(args: list[str]) -> bool:
+    """Whether ``vllm serve`` arguments leave the engine at one rank with vLLM's choice of executor (no tensor,
+    pipeline or data parallelism, no executor named)."""
+    return not any("parallel-size" in arg or arg.split("=", 1)[0] in _PARALLEL_FLAGS for arg in args)
+
+
 def serve_command(model_dir: Path, port: int, kv_transfer_config: dict[str, Any] | None,
                   extra_args: list[str]) -> list[str]:
-    """``vllm serve MODEL --host 127.0.0.1 --port P [--kv-transfer-config JSON] EXTRA...`` as an argv."""
+    """``vllm serve MODEL --host 127.0.0.1 --port P [--kv-transfer-config JSON] EXTRA...`` as an argv, with the
+    worker inside the engine core where the engine has one rank (``IN_CORE_WORKER``)."""
     command = [vllm_command(), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     if kv_transfer_config is not None:
         command += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-    return command + extra_args
+    return command + extra_args + (IN_CORE_WORKER if runs_one_rank(extra_args) else [])
 
 
 def server_env(resources: Resources, extra: dict[str, str] | None = None) -> dict[str, str]:
