@@ -201,9 +201,10 @@ def run_module(module: str, argv: list[str], env: Mapping[str, str], cwd: Path |
     return shared(engine).run({"module": module, "argv": argv}, env, cwd, timeout, input)
 
 
-def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
-    """``python -c script`` with ``env``, as a child of this process's fork server."""
-    return shared().run({"script": script}, env, None, timeout)
+def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0, cwd: Path | str | None = None,
+               input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -c script`` with ``env`` in ``cwd``, as a child of this process's fork server."""
+    return shared().run({"script": script}, env, cwd, timeout, input)
 
 
 if __name__ == "__main__":

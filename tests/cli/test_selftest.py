@@ -16,7 +16,7 @@ import pytest
 from lmcache_platforms.cli import selftest
 from lmcache_platforms.kernels.registry import ENTRY_POINT_GROUP
 from tests.faults.install import faulty_env, install_faulty_backend
-from tests.fork_server import run_module
+from tests.fork_server import run_module, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -142,34 +142,44 @@ def block_row_planes(layout_name: str) -> int:
     return sum(len(tg.planes) for tg in layout.transfer_groups)
 
 
-def faulty_selftest(plugin_path: Path, cwd: Path, layout: str, fault: str,
-                    rows: str) -> subprocess.CompletedProcess[str]:
-    """In a directory outside the repository, where only PYTHONPATH brings the plugin.
-
-    The positive control (`none`) is the installed console script in a fresh interpreter, and picks the backend
-    through LMCACHE_PLATFORMS_KERNEL_BACKEND, as a vLLM server would; the faults name it with --backend and run
-    in a fork server's child (the same command, ~6 s of imports fewer).
-    """
-    env = faulty_env(plugin_path, fault, {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false",
-                                          "LMCACHE_PLATFORMS_CHUNK_ROWS": rows})
-    if fault != "none":
-        argv = ["selftest", "--layout", layout, "--json", "--backend", "faulty"]
-        return run_module("lmcache_platforms.cli.main", argv, env, cwd, timeout=300)
+def positive_control(plugin_path: Path, cwd: Path, layout: str, rows: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script in a fresh interpreter, in a directory outside the repository where only
+    PYTHONPATH brings the plugin; it picks the backend through LMCACHE_PLATFORMS_KERNEL_BACKEND, as a vLLM server
+    would, and runs it with no fault."""
+    env = faulty_env(plugin_path, "none", {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false",
+                                           "LMCACHE_PLATFORMS_CHUNK_ROWS": rows})
     script = Path(sys.executable).with_name("lmcache-platforms")
     return subprocess.run([str(script), "selftest", "--layout", layout, "--json"], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=300)
 
 
+def fault_series(plugin_path: Path, cwd: Path,
+                 cases: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], subprocess.CompletedProcess[str]]:
+    """The faults, each naming the backend with --backend, in turn in one fork server child in the same outside
+    directory (``tests/faults/selftest_series.py``: LMCache imported once for all of them)."""
+    if not cases:
+        return {}
+    env = faulty_env(plugin_path, "none", {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false"})
+    series = Path(__file__).parents[1] / "faults" / "selftest_series.py"
+    done = run_script(series.read_text(), env, timeout=600, cwd=cwd, input=json.dumps(cases))
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    return {case: subprocess.CompletedProcess(["selftest", *case], *runs["/".join(case)]) for case in cases}
+
+
 @pytest.fixture(scope="module")
 def fault_runs(request, tmp_path_factory) -> dict[tuple[str, str, str], subprocess.CompletedProcess[str]]:
-    """Every selected (layout, fault) selftest, run a few at a time (each spends ~10 s importing LMCache)."""
+    """Every selected (layout, fault, rows) selftest: the positive controls each in a fresh interpreter, beside
+    one process running the faults in turn."""
     wanted = sorted({item.callspec.params["case"] for item in request.session.items
                      if "fault_runs" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
     plugin_path = install_faulty_backend(tmp_path_factory.mktemp("faulty-plugin"))
     cwd = tmp_path_factory.mktemp("faulty-cwd")
-    with ThreadPoolExecutor(max_workers=max(2, min(4, (os.cpu_count() or 2) // 2))) as pool:
-        futures = {case: pool.submit(faulty_selftest, plugin_path, cwd, *case) for case in wanted}
-        return {case: future.result() for case, future in futures.items()}
+    controls = [case for case in wanted if case[1] == "none"]
+    with ThreadPoolExecutor(max_workers=len(controls) + 1) as pool:
+        futures = {case: pool.submit(positive_control, plugin_path, cwd, case[0], case[2]) for case in controls}
+        faults = fault_series(plugin_path, cwd, [case for case in wanted if case[1] != "none"])
+        return {**faults, **{case: future.result() for case, future in futures.items()}}
 
 
 def test_the_faulty_backend_installs_as_a_distribution_with_an_entry_point(tmp_path) -> None:
