@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--tiers", default="cpu,disk,fs,redis", help="comma list of cpu, disk, fs, redis")
     engine.add_argument("--modes", default="paged",
                         help="comma list of paged, layerwise (LMCache's use_layerwise); both adds load_hidden")
+    engine.add_argument("--kv-events", action="store_true",
+                        help="every engine publishes KV-cache events through vLLM's ZMQ publisher, as a server "
+                             "with --kv-events-config does (our connector's BlockStored/BlockRemoved included)")
     engine.add_argument("--workdir", type=Path, default=None,
                         help="where configs and logs go (default: a temporary folder, kept if a tier failed)")
     parser.add_argument("--backend", default=None,
@@ -364,7 +367,8 @@ def run_engine(args: argparse.Namespace) -> int:
             print(json.dumps(result))
         else:
             print(f"{result['model']}, {result['tokens']} tokens x {result['requests']} prompts, chunk "
-                  f"{result['chunk_size']}, cores {result['cores']}")
+                  f"{result['chunk_size']}, cores {result['cores']}"
+                  + (", KV-cache events published" if result["kv_events"] else ""))
             for row in result["tiers"]:
                 print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
         return [f"tier {row['tier']} ({row['mode']}): {row['error']}" for row in result["tiers"] if "error" in row]

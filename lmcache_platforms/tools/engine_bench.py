@@ -13,10 +13,12 @@ from that tier. A request's speed is our connector's exact byte count for it ove
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shutil
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ class EngineBench:
     resources: Resources = field(default_factory=Resources.available)
     timeout_s: float = 900.0
     modes: tuple[str, ...] = ("paged",)
+    kv_events: bool = False
 
 
 @dataclass
@@ -117,11 +120,49 @@ def _spec(bench: EngineBench, model_dir: Path, served: list[Request], salt: str,
         "max_tokens": 1, "logprobs": 0, "kv_transfer_config": connector_config(OUR_CONNECTOR),
         "warmup": vars(warmup_request(bench.tokens, bench.model.vocab_size, salt)),
         "requests": [vars(r) for r in served], "enable_prefix_caching": False, "memcpy_bytes": memcpy_bytes,
+        # An ipc:// endpoint: vLLM's publisher binds it (a tcp:// one naming a host it would connect to).
+        "kv_events_endpoint": f"ipc://{bench.workdir.resolve()}/{salt}-events" if bench.kv_events else None,
     }
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+class _EventFollower:
+    """The KV events a pass publishes (``--kv-events``), followed as a router would (``tools/kv_router.py``), so a
+    row shows that the events it was timed with were really published."""
+
+    def __init__(self, endpoint: str) -> None:
+        from lmcache_platforms.tools.kv_router import KVRouter
+
+        self._router = KVRouter({"pass": endpoint})
+
+    def settled(self, prompts: list[list[int]], quiet_s: float = 1.0) -> list[int]:
+        """The leading tokens of each prompt the events hold, once they stopped changing for ``quiet_s`` (the
+        pass has ended; its last events may still be in flight)."""
+        seen = [self._router.cached_tokens("pass", tokens) for tokens in prompts]
+        while True:
+            time.sleep(quiet_s)
+            now = [self._router.cached_tokens("pass", tokens) for tokens in prompts]
+            if now == seen:
+                return now
+            seen = now
+
+    def close(self) -> None:
+        self._router.close()
+
+
+@contextlib.contextmanager
+def _event_follower(spec: dict[str, Any]) -> Iterator[_EventFollower | None]:
+    if not spec["kv_events_endpoint"]:
+        yield None
+        return
+    follower = _EventFollower(spec["kv_events_endpoint"])
+    try:
+        yield follower
+    finally:
+        follower.close()
 
 
 def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner, store: str,
@@ -141,7 +182,10 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     env = {"LMCACHE_CONFIG_FILE": str(config), "LMCACHE_USE_LAYERWISE": str(mode == "layerwise")}
     same_engine = tier in ("cpu", "disk")
     again = [Request(f"{r.name}-again", r.tokens) for r in served] if same_engine else []
-    cold = runner.run(f"{tier}-cold", _spec(bench, model_dir, served + again, f"{tier}-cold", per_request), env)
+    cold_spec = _spec(bench, model_dir, served + again, f"{tier}-cold", per_request)
+    with _event_follower(cold_spec) as events:
+        cold = runner.run(f"{tier}-cold", cold_spec, env)
+        published = events.settled([r.tokens for r in served]) if events else None
     cold_log = runner.logs[-1].read_text()
     stored = parse_lines(cold_log, "store", skip=1)
     if same_engine:
@@ -168,6 +212,7 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
         "cold_ttft_s": _median([r["ttft_s"] for r in cold["requests"][:len(served)]]),
         "warm_ttft_s": _median([r["ttft_s"] for r in warm]),
         "hit_tokens": [r["lmcache_hit_tokens"] for r in warm],
+        "published_tokens": published,
     }
 
 
@@ -195,7 +240,8 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
                 shutil.rmtree(store, ignore_errors=True)
         add_load_hidden(results[-len(bench.modes):])
     return {"model": bench.model.name, "tokens": bench.tokens, "requests": bench.requests,
-            "chunk_size": bench.chunk_size, "cores": bench.resources.cpu_list(), "tiers": results}
+            "chunk_size": bench.chunk_size, "kv_events": bench.kv_events, "cores": bench.resources.cpu_list(),
+            "tiers": results}
 
 
 def add_load_hidden(rows: list[dict[str, Any]]) -> None:
@@ -232,4 +278,4 @@ def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
     resources = Resources.available()
     kv_gib = max(resources.kv_cache_gib, -(-2 * per_request // GIB))
     return EngineBench(model, args.tokens, args.requests, args.chunk_size, tiers, workdir,
-                       replace(resources, kv_cache_gib=kv_gib), modes=modes)
+                       replace(resources, kv_cache_gib=kv_gib), modes=modes, kv_events=args.kv_events)

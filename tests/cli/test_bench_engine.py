@@ -63,8 +63,10 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys,
 def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(capsys, tmp_path) -> None:
     tokens = 512
     assert run(["--engine", "--model", "tiny", "--tokens", str(tokens), "--requests", "2", "--chunk-size", "128",
-                "--tiers", "cpu", "--modes", "paged,layerwise", "--workdir", str(tmp_path), "--json"]) == 0
+                "--tiers", "cpu", "--modes", "paged,layerwise", "--kv-events", "--workdir", str(tmp_path),
+                "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["kv_events"] is True
     row, layerwise = result["tiers"]
     assert (row["tier"], row["mode"], layerwise["tier"], layerwise["mode"]) == ("cpu", "paged", "cpu", "layerwise")
     assert "error" not in row and "error" not in layerwise, result
@@ -73,6 +75,8 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
         assert layerwise[key] == row[key], key
     assert isinstance(layerwise["load_hidden"], float) and "load_hidden" not in row
     assert row["hit_tokens"] == [tokens - 1, tokens - 1]  # vLLM computes the last prompt token itself
+    # --kv-events: every stored prompt was published whole (a router following the events holds all of it)
+    assert row["published_tokens"] == layerwise["published_tokens"] == [tokens, tokens]
     # One layer attends fully; 3 slide over 64 tokens, so each 128-token chunk keeps their last 64 rows, and a
     # hit reads the full layer's 4 chunks and only the last chunk of the sliding ones.
     per_row = kv_bytes_per_token(TINY_MODEL) // TINY_MODEL.num_layers

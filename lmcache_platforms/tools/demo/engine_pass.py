@@ -133,6 +133,11 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     }
     if spec.get("kv_transfer_config"):
         engine_args["kv_transfer_config"] = spec["kv_transfer_config"]
+    if spec.get("kv_events_endpoint"):  # vLLM's ZMQ publisher, as `--kv-events-config` sets it for a server
+        from vllm.config import KVEventsConfig
+
+        engine_args["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                         endpoint=spec["kv_events_endpoint"])
     llm = LLM(**engine_args)
     result: dict[str, Any] = {"engine_start_s": time.perf_counter() - started, "kv_groups": _kv_groups(llm)}
     params = SamplingParams(
