@@ -18,7 +18,7 @@ import re
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -129,40 +129,26 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-class _EventFollower:
-    """The KV events a pass publishes (``--kv-events``), followed as a router would (``tools/kv_router.py``), so a
-    row shows that the events it was timed with were really published."""
-
-    def __init__(self, endpoint: str) -> None:
-        from lmcache_platforms.tools.kv_router import KVRouter
-
-        self._router = KVRouter({"pass": endpoint})
-
-    def settled(self, prompts: list[list[int]], quiet_s: float = 1.0) -> list[int]:
-        """The leading tokens of each prompt the events hold, once they stopped changing for ``quiet_s`` (the
-        pass has ended; its last events may still be in flight)."""
-        seen = [self._router.cached_tokens("pass", tokens) for tokens in prompts]
-        while True:
-            time.sleep(quiet_s)
-            now = [self._router.cached_tokens("pass", tokens) for tokens in prompts]
-            if now == seen:
-                return now
-            seen = now
-
-    def close(self) -> None:
-        self._router.close()
+def _settled(router: Any, prompts: list[list[int]], quiet_s: float = 1.0) -> list[int]:
+    """The leading tokens of each prompt a router following a pass's KV events (``--kv-events``) holds, once they
+    stopped changing for ``quiet_s`` (the pass has ended; its last events may still be in flight): the row shows
+    that the events it was timed with were really published."""
+    seen = [router.cached_tokens("pass", tokens) for tokens in prompts]
+    while True:
+        time.sleep(quiet_s)
+        now = [router.cached_tokens("pass", tokens) for tokens in prompts]
+        if now == seen:
+            return now
+        seen = now
 
 
-@contextlib.contextmanager
-def _event_follower(spec: dict[str, Any]) -> Iterator[_EventFollower | None]:
+def _follow_events(spec: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """A router (``tools/kv_router.py``) following the pass's events while it runs; ``None`` without events."""
     if not spec["kv_events_endpoint"]:
-        yield None
-        return
-    follower = _EventFollower(spec["kv_events_endpoint"])
-    try:
-        yield follower
-    finally:
-        follower.close()
+        return contextlib.nullcontext()
+    from lmcache_platforms.tools.kv_router import KVRouter
+
+    return contextlib.closing(KVRouter({"pass": spec["kv_events_endpoint"]}))
 
 
 def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner, store: str,
@@ -183,9 +169,9 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     same_engine = tier in ("cpu", "disk")
     again = [Request(f"{r.name}-again", r.tokens) for r in served] if same_engine else []
     cold_spec = _spec(bench, model_dir, served + again, f"{tier}-cold", per_request)
-    with _event_follower(cold_spec) as events:
+    with _follow_events(cold_spec) as router:
         cold = runner.run(f"{tier}-cold", cold_spec, env)
-        published = events.settled([r.tokens for r in served]) if events else None
+        published = _settled(router, [r.tokens for r in served]) if router else None
     cold_log = runner.logs[-1].read_text()
     stored = parse_lines(cold_log, "store", skip=1)
     if same_engine:

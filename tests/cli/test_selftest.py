@@ -24,11 +24,15 @@ KEYS = {"layout", "bit_exact", "rows_checked", "chunks_stored", "chunks_hit", "t
         "launches_per_chunk", "backend"}
 
 
+def run_env(**env: str) -> dict[str, str]:
+    """This process's environment with a fixed hash seed, no usage tracking, and ``env``."""
+    return {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", **env}
+
+
 def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The command in a fresh import state (a fork server's child), which must exit by itself (LMCache closed
     cleanly)."""
-    environ = {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", **env}
-    return run_module("lmcache_platforms.cli.main", ["selftest", *argv], environ, timeout=300)
+    return run_module("lmcache_platforms.cli.main", ["selftest", *argv], run_env(**env), timeout=300)
 
 
 def last_json(stdout: str) -> dict:
@@ -146,8 +150,7 @@ def positive_control(plugin_path: Path, cwd: Path, layout: str, rows: str) -> su
     """The installed console script in a fresh interpreter, in a directory outside the repository where only
     PYTHONPATH brings the plugin; it picks the backend through LMCACHE_PLATFORMS_KERNEL_BACKEND, as a vLLM server
     would, and runs it with no fault."""
-    env = faulty_env(plugin_path, "none", {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false",
-                                           "LMCACHE_PLATFORMS_CHUNK_ROWS": rows})
+    env = faulty_env(plugin_path, "none", run_env(LMCACHE_PLATFORMS_CHUNK_ROWS=rows))
     script = Path(sys.executable).with_name("lmcache-platforms")
     return subprocess.run([str(script), "selftest", "--layout", layout, "--json"], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=300)
@@ -159,7 +162,7 @@ def fault_series(plugin_path: Path, cwd: Path,
     directory (``tests/faults/selftest_series.py``: LMCache imported once for all of them)."""
     if not cases:
         return {}
-    env = faulty_env(plugin_path, "none", {**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false"})
+    env = faulty_env(plugin_path, "none", run_env())
     series = Path(__file__).parents[1] / "faults" / "selftest_series.py"
     done = run_script(series.read_text(), env, timeout=600, cwd=cwd, input=json.dumps(cases))
     assert done.returncode == 0, done.stderr[-3000:]
