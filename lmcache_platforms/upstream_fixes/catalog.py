@@ -190,6 +190,16 @@ PATCHES: tuple[Patch, ...] = (
             "it: an engine closed right after a store lost those chunks",
     ),
     Patch(
+        target="lmcache.integration.vllm.utils:_vllm_local_device_index",
+        replacement="lmcache_platforms.integration.vllm.dp_device:wrap_local_device_index",
+        versions=LMCACHE,
+        requires=("vllm",),
+        wrapper=True,
+        why="where vLLM gives each data-parallel engine its own device table (CPU, NPU, Ray), upstream still "
+            "offsets a worker's device by its data-parallel rank: every rank but 0 failed LMCache's start-up "
+            "and recomputed everything in degraded mode",
+    ),
+    Patch(
         target="vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory.register_connector",
         replacement="lmcache_platforms.integration.vllm.ascend_registration:guard_register_connector",
         versions=VLLM,

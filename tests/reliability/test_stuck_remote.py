@@ -34,7 +34,7 @@ from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
-from tests.serving.test_connector_metrics import PREFIX, scrape
+from tests.serving.observe import PREFIX, scrape
 
 pytestmark = [pytest.mark.slow]
 

@@ -12,10 +12,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 from lmcache_platforms.tools.demo.client import Sampling, run_requests
 from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
@@ -23,7 +22,7 @@ from lmcache_platforms.tools.demo.runners import Resources
 from lmcache_platforms.tools.demo.server import VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
-from tests.serving.test_connector_metrics import PREFIX, scrape, scrape_by_label
+from tests.serving.observe import PREFIX, receive, scrape, scrape_by_label
 from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests, cpu_tier_env
 
 pytestmark = pytest.mark.slow
@@ -32,18 +31,6 @@ BLOCK = 32
 LAYER_BYTES_PER_TOKEN = 2 * 2 * 64 * 2  # K and V x 2 KV heads x 64 dims x bf16
 CHUNK_BYTES = 131_072  # the tiny model's chunk object (its "bound layout" line)
 ROOM_CHUNKS = 5  # the CPU cache holds 5 of the 7 whole chunks of the two prompts: the second store evicts
-
-
-def receive(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000) -> list[Any]:
-    """Events from the publisher until ``until(events)`` holds (or the time-out, which fails the test)."""
-    decoder = msgspec.msgpack.Decoder(KVEventBatch)
-    events: list[Any] = []
-    while not until(events):
-        if not subscriber.poll(timeout_ms):
-            raise AssertionError(f"no KV event for {timeout_ms} ms; so far: {events}")
-        _topic, _seq, payload = subscriber.recv_multipart()
-        events.extend(decoder.decode(payload).events)
-    return events
 
 
 def chains(events: list[Any], medium: str) -> list[tuple[list[Any], list[int]]]:

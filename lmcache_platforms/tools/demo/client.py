@@ -110,11 +110,14 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
     }
 
 
-def run_requests(base_url: str, requests: list[tuple[str, str, int]], sampling: Sampling) -> list[dict[str, Any]]:
-    """``requests`` as (name, prompt text, prompt token count), one after another, over one connection."""
+def run_requests(base_url: str, requests: list[tuple[str, str, int]], sampling: Sampling,
+                 headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """``requests`` as (name, prompt text, prompt token count), one after another, over one connection sending
+    ``headers`` (e.g. vLLM's ``X-data-parallel-rank``, which picks the data-parallel engine)."""
     from openai import OpenAI
 
-    with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600.0) as client:
+    with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600.0,
+                default_headers=headers) as client:
         model = served_model(client)
         return [stream_completion(client, model, name, prompt, count, sampling, base_url)
                 for name, prompt, count in requests]
