@@ -1,6 +1,7 @@
 """vLLM's ``kv_load_failure_policy: fail`` through the real ``vllm serve`` (multiprocess engine) and an OpenAI
 client: a load that fails ends that request with an error for its client, a request served beside it in the
-same batch is untouched, and the server goes on serving (the failed request, sent again, is computed).
+same batch is untouched, the server goes on serving (the failed request, sent again, is computed), and its
+``/metrics`` count the failed load once, under its cause.
 
 The fault: every chunk file of the victim's prompt deleted from LMCache's local disk store after a cold pass,
 while LMCache's index still lists them, so the lookup promises a hit and the load comes back empty.
@@ -24,6 +25,7 @@ from lmcache_platforms.tools.demo.server import VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from tests.reliability.conftest import SHORT_LOAD
 from tests.reliability.fault_run import MAX_TOKENS, prompt
+from tests.serving.observe import scrape_by_label
 from tests.serving.processes import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -82,6 +84,7 @@ def test_a_failed_load_ends_only_its_request_and_the_server_serves_on(model: Pat
                             strict=True))
         promised = hit_counters(server.base_url)["lmcache"] - before
         again = complete(client, served, "victim")
+        failed = scrape_by_label(server.base_url, "loads_failed_total", "cause")
         with urllib.request.urlopen(f"{server.base_url}/health", timeout=5) as health:
             healthy = health.status
     for name in ("victim", "bystander"):
@@ -91,6 +94,7 @@ def test_a_failed_load_ends_only_its_request_and_the_server_serves_on(model: Pat
     assert promised == 512  # both hits were promised; the victim's load came back empty
     assert again == {"tokens": reference["victim"], "finish_reason": "length"}
     assert healthy == 200
+    assert failed == {"missing": 1, "corrupt": 0, "timeout": 0, "error": 0, "unregistered": 0}
     text = log.read_text(errors="replace")
     assert [m.groups() for m in SHORT_LOAD.finditer(text)] == [("0", "256", "0")]
     assert (server.exit_code, server.stopped_in_time) == (0, True)
