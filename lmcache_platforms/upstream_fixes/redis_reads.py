@@ -58,7 +58,8 @@ async def _checked_get(self: Any, client: Any, key: Any) -> Any:
 
 
 async def _drop_orphans(client: Any, key_strs: list[str]) -> None:
-    """Delete the ``metadata`` of chunks whose bytes are gone (evicted by Redis?), so lookups stop finding them."""
+    """Delete the ``metadata`` of chunks whose bytes are gone (evicted, a cluster node restarted), so lookups
+    stop finding them."""
     for key_str in key_strs:
         logger.warning("Redis has the metadata of LMCache chunk %s but not its bytes (evicted?): a miss", key_str)
     await client.delete(*(key_str + "metadata" for key_str in key_strs))
@@ -120,14 +121,26 @@ async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
 
 
 async def _present_prefix(self: Any, keys: list[Any]) -> int:
-    """How many of ``keys``, from the first, the store holds (one ``EXISTS`` each, all in one pipeline)."""
+    """How many of ``keys``, from the first, the store holds whole: both values of each (an ``EXISTS`` each, all
+    in one pipeline). Upstream asks for the ``metadata`` alone, but the two values are two keys, which a cluster
+    keeps on the nodes of their own hash slots: a node restarted, or an eviction, can take the bytes and leave
+    the metadata, and a lookup that claimed that object made its load fail. Metadata left without bytes (writers
+    set the bytes first) is deleted, as a read that finds it does."""
     client = redis_client(self)
+    names = [key.to_string() for key in keys]
     async with self.sem:
         pipe = _pipeline(client)
-        for key in keys:
-            pipe.exists(key.to_string() + "metadata")
+        for name in names:
+            pipe.exists(name + "metadata")
+            pipe.exists(name + "kv_bytes")
         found = await pipe.execute()
-    return next((index for index, present in enumerate(found) if not present), len(found))
+        metadata, data = found[0::2], found[1::2]
+        orphans = [name for name, has_metadata, has_data in zip(names, metadata, data, strict=True)
+                   if has_metadata and not has_data]
+        if orphans:
+            await _drop_orphans(client, orphans)
+    return next((index for index, (m, d) in enumerate(zip(metadata, data, strict=True)) if not (m and d)),
+                len(names))
 
 
 def _priority(name: str) -> int:

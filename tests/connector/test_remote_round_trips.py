@@ -89,10 +89,10 @@ def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, m
     # part, the last one for the window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up and pins
     # the same objects, checks again that each part's are all held, then LMCache asks once more which tier
     # holds them and reads them, two values each: every chunk's full-attention part, the window part of the
-    # last chunk only.
+    # last chunk only. Every ask is for both values of each object (an ``EXISTS`` each, in the same pipeline).
     if batched:
-        assert lookup == [CHUNKS, 1]
-        assert load == [CHUNKS, 1] * 3 + [CHUNKS, 2 * CHUNKS, 1, 2]
+        assert lookup == [2 * CHUNKS, 2]
+        assert load == [2 * CHUNKS, 2] * 3 + [2 * CHUNKS, 2 * CHUNKS, 2, 2]
     else:  # one round trip per object asked, two per object read
         assert lookup == [1] * (CHUNKS + 1)
         assert load == [1] * (6 * (CHUNKS + 1))
@@ -114,18 +114,25 @@ def test_the_async_lookup_is_one_round_trip(redis_url: str, monkeypatch: pytest.
             return asyncio.run_coroutine_threadsafe(job, connector.loop).result(timeout=10)
 
         assert ask(keys) == CHUNKS
-        assert trips.take() == [CHUNKS]
+        assert trips.take() == [2 * CHUNKS]  # both values of each object
         assert ask([*keys[:1], keys[0].with_new_worker_id(7), *keys[1:]]) == 1  # stops at the first absent key
-        assert trips.take() == [CHUNKS + 1]
+        assert trips.take() == [2 * (CHUNKS + 1)]
 
 
-def test_a_chunk_whose_bytes_are_gone_ends_the_batched_load_there(store_url: str) -> None:
-    """An object whose ``kv_bytes`` Redis lost (its ``metadata`` left) is a miss in the middle of one batched
-    read: the chunks before it load, the orphan ``metadata`` is deleted, no buffer stays taken. (Whole-chunk
-    objects: in parts, a shorter full-attention part would need a window part the load did not read.)"""
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative-control-upstream"])
+def test_a_chunk_whose_bytes_are_gone_ends_the_hit_there(store_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                          fixed: bool) -> None:
+    """An object whose ``kv_bytes`` the store lost and whose ``metadata`` is left (on a cluster the two keys live
+    on the nodes of their own slots: a restarted node loses one) ends the hit there: the lookup stops before
+    it and deletes the orphan ``metadata``; the chunks before it load, and no buffer stays taken. Upstream's
+    lookup asks for the ``metadata`` alone and claims the whole prompt, whose load then comes back short.
+    (Whole-chunk objects: in parts, a shorter full-attention part would need a window part the load did not
+    read.)"""
     import redis
     import redis.cluster
 
+    if not fixed:
+        upstream_reads(monkeypatch)
     earlier = taken_buffer_objects()
     request, storage, layout = _stored(store_url, seed=23, in_parts=False)
     with _engine(layout, storage, in_parts=False) as reader:
@@ -137,8 +144,12 @@ def test_a_chunk_whose_bytes_are_gone_ends_the_batched_load_there(store_url: str
                   else redis.Redis(host="127.0.0.1", port=port))
         with client:
             assert client.delete(name + "kv_bytes") == 1
-            assert reader.retrieve(request.tokens, request.load_ids) == 2 * layout.chunk_size
+            if not fixed:
+                assert reader.lookup(request.tokens) == CHUNKS * layout.chunk_size
+                return
+            assert reader.lookup(request.tokens) == 2 * layout.chunk_size
             assert client.exists(name + "metadata") == 0
+            assert reader.retrieve(request.tokens, request.load_ids) == 2 * layout.chunk_size
         assert reader.lookup(request.tokens) == 2 * layout.chunk_size
     assert taken_buffers(earlier) == 0
 
