@@ -122,29 +122,51 @@ class RedisCluster:
 
     def _start(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
-            node_dir = self.directory / f"node-{port}"
-            node_dir.mkdir(parents=True, exist_ok=True)
-            self.processes.append(subprocess.Popen(
-                [self.server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
-                 "--cluster-port", str(bus_port), "--cluster-config-file", "nodes.conf", "--save", "",
-                 "--appendonly", "no", "--dir", str(node_dir),
-                 *(["--enable-debug-command", "local"] if self.debug else [])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        for port, process in zip(self.ports, self.processes, strict=True):
-            while not answers_ping(port):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"cluster node on port {port} did not start (exit code {process.poll()})")
-                time.sleep(0.05)
+        for node in range(len(self.ports)):
+            self.processes.append(self._launch(node))  # one by one, so that stop() sees each started node
+        for node in range(len(self.ports)):
+            self._wait_answering(node, deadline)
         create = subprocess.run(
             [self.cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports), "--cluster-replicas",
              "0", "--cluster-yes"], capture_output=True, text=True, timeout=max(deadline - time.monotonic(), 1.0))
         if create.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {create.stdout[-2000:]}{create.stderr[-2000:]}")
+        self._wait_ok(deadline)
+
+    def _launch(self, node: int) -> subprocess.Popen[bytes]:
+        port = self.ports[node]
+        node_dir = self.directory / f"node-{port}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(
+            [self.server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
+             "--cluster-port", str(self.bus_ports[node]), "--cluster-config-file", "nodes.conf", "--save", "",
+             "--appendonly", "no", "--dir", str(node_dir),
+             *(["--enable-debug-command", "local"] if self.debug else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def _wait_answering(self, node: int, deadline: float) -> None:
+        port, process = self.ports[node], self.processes[node]
+        while not answers_ping(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"cluster node on port {port} did not start (exit code {process.poll()})")
+            time.sleep(0.05)
+
+    def _wait_ok(self, deadline: float) -> None:
         while not all(self.state(port) == "ok" for port in self.ports):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the cluster on ports {self.ports} did not reach cluster_state:ok")
             time.sleep(0.1)
+
+    def restart(self, node: int) -> None:
+        """Stop node ``node`` (SIGTERM) and start it again on its ports: it keeps its slots (its ``nodes.conf``)
+        and loses every key it held (nothing is saved); returns once the cluster is ``ok`` again."""
+        process = self.processes[node]
+        process.terminate()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + self.start_timeout_s
+        self.processes[node] = self._launch(node)
+        self._wait_answering(node, deadline)
+        self._wait_ok(deadline)
 
     def state(self, port: int) -> str:
         """``cluster_state`` of the node on ``port`` (``ok``, ``fail``), empty if it does not answer."""

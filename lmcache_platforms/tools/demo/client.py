@@ -69,8 +69,9 @@ def choice_tokens(choice: Any) -> tuple[list[int], list[list[list[float]]]] | No
 
 
 def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_tokens: int, sampling: Sampling,
-                      base_url: str) -> dict[str, Any]:
-    """Send one prompt, stream the answer; the per-request result the demo and the tests compare."""
+                      base_url: str, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Send one prompt (with vLLM's ``extra_body`` fields, e.g. ``cache_salt``), stream the answer; the
+    per-request result the demo and the tests compare."""
     before = hit_counters(base_url)
     started = time.perf_counter()
     first_token_s: float | None = None
@@ -80,7 +81,7 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
     stream = client.completions.create(
         model=model, prompt=prompt, max_tokens=sampling.max_tokens, temperature=0.0, seed=0,
         logprobs=sampling.top_logprobs, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, **(extra_body or {})},
     )
     for chunk in stream:
         if chunk.usage is not None:
@@ -111,13 +112,14 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
 
 
 def run_requests(base_url: str, requests: list[tuple[str, str, int]], sampling: Sampling,
-                 headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                 headers: dict[str, str] | None = None, extra_body: dict[str, Any] | None = None
+                 ) -> list[dict[str, Any]]:
     """``requests`` as (name, prompt text, prompt token count), one after another, over one connection sending
-    ``headers`` (e.g. vLLM's ``X-data-parallel-rank``, which picks the data-parallel engine)."""
+    ``headers`` (e.g. vLLM's ``X-data-parallel-rank``, which picks the data-parallel engine) and ``extra_body``."""
     from openai import OpenAI
 
     with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600.0,
                 default_headers=headers) as client:
         model = served_model(client)
-        return [stream_completion(client, model, name, prompt, count, sampling, base_url)
+        return [stream_completion(client, model, name, prompt, count, sampling, base_url, extra_body)
                 for name, prompt, count in requests]
