@@ -5,11 +5,12 @@ LMCache finds a worker's local device as vLLM's CUDA worker does: its rank, plus
 times the engine's world size, mapped through the platform's logical-to-visible device table. That holds
 where every data-parallel engine sees all of the node's devices (CUDA and XPU under vLLM's own process
 launcher). On every other platform (CPU, and by vLLM 0.32's launcher code out-of-tree ones such as Ascend's,
-not run here) and under Ray, vLLM 0.32 gives each data-parallel engine its own table, ``assigned_physical_gpu_ids``, whose
-logical ids start at 0, and its workers add no offset. Upstream's offset then indexes past that table: the
-worker of rank 1 raised ``IndexError`` while LMCache started, and LMCache ran it in degraded mode (every
-request recomputed, nothing stored) while rank 0 worked -- half a data-parallel server without LMCache.
-With such a table the worker's index is its rank within the engine, as vLLM's own workers take it.
+not run here) and under Ray, vLLM 0.32 gives each data-parallel engine its own table,
+``assigned_physical_gpu_ids``, whose logical ids start at 0, and its workers add no offset. Upstream's offset
+then indexes past that table: the worker of rank 1 raised ``IndexError`` while LMCache started, and LMCache ran
+it in degraded mode (every request recomputed, nothing stored) while rank 0 worked -- half a data-parallel
+server without LMCache. With such a table the worker's index is its rank within the engine, as vLLM's own
+workers take it.
 """
 
 from __future__ import annotations
