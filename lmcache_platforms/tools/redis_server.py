@@ -160,9 +160,7 @@ class RedisCluster:
     def restart(self, node: int) -> None:
         """Stop node ``node`` (SIGTERM) and start it again on its ports: it keeps its slots (its ``nodes.conf``)
         and loses every key it held (nothing is saved); returns once the cluster is ``ok`` again."""
-        process = self.processes[node]
-        process.terminate()
-        process.wait(timeout=10)
+        _stop_node(self.processes[node])
         deadline = time.monotonic() + self.start_timeout_s
         self.processes[node] = self._launch(node)
         self._wait_answering(node, deadline)
@@ -182,11 +180,7 @@ class RedisCluster:
             if process.poll() is None:
                 process.terminate()
         for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _stop_node(process)
         self.processes = []
 
     def __enter__(self) -> RedisCluster:
@@ -196,3 +190,14 @@ class RedisCluster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.stop()
+
+
+def _stop_node(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (if still running), then SIGKILL after 10 s; reaped."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
