@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--tokens", type=int, default=2048, help="tokens per prompt (default 2048)")
     engine.add_argument("--requests", type=int, default=3, help="prompts per tier (default 3)")
     engine.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (default 256)")
-    engine.add_argument("--tiers", default="cpu,disk,fs,redis", help="comma list of cpu, disk, fs, redis")
+    engine.add_argument("--tiers", default="cpu,disk,fs,redis",
+                        help="comma list of cpu, disk, fs, redis, redis-cluster")
     engine.add_argument("--modes", default="paged",
                         help="comma list of paged, layerwise (LMCache's use_layerwise); both adds load_hidden")
     engine.add_argument("--kv-events", action="store_true",

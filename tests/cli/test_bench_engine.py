@@ -49,7 +49,8 @@ def run(argv: list[str]) -> int:
 @pytest.mark.parametrize(("argv", "message"), [
     ([], "give --layout (a layout file or shipped example) or --engine"),
     (["--engine", "--tokens", "64"], "--engine needs --tokens >= --chunk-size and --requests >= 1, got 64, 256, 3"),
-    (["--engine", "--tiers", "cpu,tape"], "--tiers takes a comma list of cpu, disk, fs, redis, got 'cpu,tape'"),
+    (["--engine", "--tiers", "cpu,tape"],
+     "--tiers takes a comma list of cpu, disk, fs, redis, redis-cluster, got 'cpu,tape'"),
     (["--engine", "--model", "tiny", "--full-attention-every", "5"], "--full-attention-every must be 1 to 4, got 5"),
     (["--engine", "--modes", "paged,paged"], "--modes takes a comma list of paged, layerwise (each once), got "
                                              "'paged,paged'"),
