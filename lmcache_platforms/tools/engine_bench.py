@@ -31,6 +31,8 @@ from lmcache_platforms.tools.redis_server import RedisCluster, RedisServer
 
 GIB = 2**30
 TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster")
+# The Redis tiers: a private store of each kind, started for the tier and stopped after it.
+REDIS_STORES = {"redis": RedisServer, "redis-cluster": RedisCluster}
 MODES = ("paged", "layerwise")
 # LMCache's lines (v0.5.6 cache_engine.py) give each store/retrieve call's cost in ms; their size (GiB, four
 # decimals) is too coarse for short prompts, so bytes come from our connector's line for the request, logged
@@ -103,7 +105,7 @@ def lmcache_yaml(tier: str, chunk_size: int, cpu_gib: float, store_gib: float, s
         lines += [f'local_disk: "{store}/"', f"max_local_disk_size: {store_gib:.3f}"]
     elif tier == "fs":
         lines += [f'remote_url: "fs://localhost:0{store}"', "remote_serde: naive"]
-    elif tier in ("redis", "redis-cluster"):
+    elif tier in REDIS_STORES:
         lines += [f'remote_url: "{store}"', "remote_serde: naive"]
     return "\n".join(lines) + "\n"
 
@@ -215,8 +217,8 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
             store.mkdir(parents=True)
             progress(f"tier {tier}, {mode}: {bench.requests} prompts of {bench.tokens} tokens")
             try:
-                if tier in ("redis", "redis-cluster"):
-                    with (RedisServer if tier == "redis" else RedisCluster)(str(store)) as server:
+                if tier in REDIS_STORES:
+                    with REDIS_STORES[tier](str(store)) as server:
                         results.append(run_tier(bench, tier, model_dir, runner, server.url, mode))
                 else:
                     results.append(run_tier(bench, tier, model_dir, runner, str(store.resolve()), mode))

@@ -27,7 +27,7 @@ checked as above.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from lmcache_platforms.log import init_logger
 
@@ -94,19 +94,31 @@ def _pipeline(client: Any) -> Any:
     return client.pipeline(transaction=False)
 
 
-async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
+async def _both_values(self: Any, keys: list[Any], command: Literal["get", "exists"]) -> list[tuple[str, Any, Any]]:
+    """Per key: (its name, ``command``'s answer for its ``metadata``, for its ``kv_bytes``), both values of every
+    key in one pipeline; a ``metadata`` whose bytes are gone is deleted (writers set the bytes first)."""
     client = redis_client(self)
-    key_strs = [key.to_string() for key in keys]
+    names = [key.to_string() for key in keys]
     async with self.sem:
         pipe = _pipeline(client)
-        for key_str in key_strs:
-            pipe.get(key_str + "metadata")
-            pipe.get(key_str + "kv_bytes")
-        values = await pipe.execute()
-        pairs = list(zip(key_strs, values[0::2], values[1::2], strict=True))
-        orphans = [key_str for key_str, metadata, data in pairs if metadata is not None and data is None]
+        for name in names:
+            getattr(pipe, command)(name + "metadata")
+            getattr(pipe, command)(name + "kv_bytes")
+        answers = await pipe.execute()
+        triples = list(zip(names, answers[0::2], answers[1::2], strict=True))
+        orphans = [name for name, metadata, data in triples if _held(metadata) and not _held(data)]
         if orphans:
             await _drop_orphans(client, orphans)
+    return triples
+
+
+def _held(answer: Any) -> bool:
+    """Whether a ``GET`` (a value, None when absent) or ``EXISTS`` (a count) answer says the value is there."""
+    return answer is not None and answer != 0
+
+
+async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
+    pairs = await _both_values(self, keys, "get")
     # LMCache loads the objects up to the first it cannot have: none after it is received (or allocated).
     received: list[Any] = []
     for key_str, metadata, data in pairs:
@@ -126,21 +138,8 @@ async def _present_prefix(self: Any, keys: list[Any]) -> int:
     keeps on the nodes of their own hash slots: a node restarted, or an eviction, can take the bytes and leave
     the metadata, and a lookup that claimed that object made its load fail. Metadata left without bytes (writers
     set the bytes first) is deleted, as a read that finds it does."""
-    client = redis_client(self)
-    names = [key.to_string() for key in keys]
-    async with self.sem:
-        pipe = _pipeline(client)
-        for name in names:
-            pipe.exists(name + "metadata")
-            pipe.exists(name + "kv_bytes")
-        found = await pipe.execute()
-        metadata, data = found[0::2], found[1::2]
-        orphans = [name for name, has_metadata, has_data in zip(names, metadata, data, strict=True)
-                   if has_metadata and not has_data]
-        if orphans:
-            await _drop_orphans(client, orphans)
-    return next((index for index, (m, d) in enumerate(zip(metadata, data, strict=True)) if not (m and d)),
-                len(names))
+    found = await _both_values(self, keys, "exists")
+    return next((index for index, (_, metadata, data) in enumerate(found) if not (metadata and data)), len(found))
 
 
 def _priority(name: str) -> int:
