@@ -37,19 +37,11 @@ def scrape_by_label(base_url: str, family: str, label: str) -> dict[str, float]:
 
 def receive(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000) -> list[Any]:
     """Events from the publisher until ``until(events)`` holds (or the time-out, which fails the test)."""
-    return [event for batch in receive_batches(subscriber, lambda got: until([e for b in got for e in b.events]),
-                                               timeout_ms) for event in batch.events]
-
-
-def receive_batches(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000,
-                    quiet_ms: int = 0) -> list[KVEventBatch]:
-    """Event batches (each with the data-parallel rank that published it) until ``until(batches)`` holds, then
-    those that follow within ``quiet_ms`` of each other (so a test can tell "once" from "at least once")."""
     decoder = msgspec.msgpack.Decoder(KVEventBatch)
-    batches: list[KVEventBatch] = []
-    while not until(batches) or (quiet_ms and subscriber.poll(quiet_ms)):
+    events: list[Any] = []
+    while not until(events):
         if not subscriber.poll(timeout_ms):
-            raise AssertionError(f"no KV event for {timeout_ms} ms; so far: {batches}")
+            raise AssertionError(f"no KV event for {timeout_ms} ms; so far: {events}")
         _topic, _seq, payload = subscriber.recv_multipart()
-        batches.append(decoder.decode(payload))
-    return batches
+        events.extend(decoder.decode(payload).events)
+    return events

@@ -119,8 +119,8 @@ def test_two_servers_sharing_a_redis_cluster_hit_each_others_chunks_and_answer_a
             (after_kill,) = ask(servers["b"], ["a-killed"])
     for name in ("a-own", "b-own", "a-late", "b-late"):
         assert first[name]["lmcache_hit_tokens"] == 0, name
-    # The shared prefix: computed by both at once, or by one while the other already found it stored.
-    assert {first[n]["lmcache_hit_tokens"] for n in ("a-shared", "b-shared")} <= {0, SHARED}
+    # The shared prefix: computed by both at once, or by one while the other had stored some or all of its chunks.
+    assert {first[n]["lmcache_hit_tokens"] for n in ("a-shared", "b-shared")} <= set(range(0, SHARED + 1, CHUNK))
     assert {name: r["lmcache_hit_tokens"] for name, r in crossed.items()} == {name: whole[name] for name in crossed}
     for name, result in late.items():
         assert result["lmcache_hit_tokens"] in range(0, whole[name] + 1, CHUNK), (name, result["lmcache_hit_tokens"])
