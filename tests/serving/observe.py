@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import re
+import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -45,3 +49,45 @@ def receive(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000) -> lis
         _topic, _seq, payload = subscriber.recv_multipart()
         events.extend(decoder.decode(payload).events)
     return events
+
+
+def free_port_run(count: int) -> int:
+    """A port P such that P .. P + count - 1 are free now, below the OS's range of ephemeral ports: vLLM's
+    publisher of data-parallel rank r binds P + r, and no connection vLLM or a test opens meanwhile (their local
+    ports are ephemeral ones) can take one of them."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(20_000, first_ephemeral - count)
+        try:
+            for offset in range(count):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                    probe.bind(("", port + offset))
+        except OSError:
+            continue
+        return port
+
+
+def replayed(endpoint: str, until: Any, timeout_s: float = 60.0) -> list[KVEventBatch]:
+    """Every batch a publisher has sent, asked of its replay socket (``replay_endpoint``) from sequence 0 until
+    ``until(batches)`` holds (or the time-out, which fails the test). Unlike a subscription, a replay cannot
+    miss what was published before the subscriber joined."""
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    deadline = time.monotonic() + timeout_s
+    with zmq.Context() as context, context.socket(zmq.DEALER) as replay:
+        replay.setsockopt(zmq.LINGER, 0)
+        replay.connect(endpoint)
+        while True:
+            replay.send_multipart([b"", (0).to_bytes(8, "big")])
+            batches = []
+            while True:
+                if not replay.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+                    raise AssertionError(f"no replay from {endpoint} in {timeout_s} s")
+                _empty, _topic, seq, payload = replay.recv_multipart()
+                if int.from_bytes(seq, "big", signed=True) < 0:  # the end of the replay
+                    break
+                batches.append(decoder.decode(payload))
+            if until(batches):
+                return batches
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{endpoint} replayed only {batches} in {timeout_s} s")
+            time.sleep(0.2)
