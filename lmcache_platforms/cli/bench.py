@@ -53,6 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with --kv-events-config does (our connector's BlockStored/BlockRemoved included)")
     engine.add_argument("--workdir", type=Path, default=None,
                         help="where configs and logs go (default: a temporary folder, kept if a tier failed)")
+    scale = parser.add_argument_group("across servers (--servers, instead of --layout; --model, --tokens and "
+                                      "--chunk-size as for --engine)")
+    scale.add_argument("--servers", default=None,
+                       help="comma list of server counts, e.g. 1,2,3: that many `vllm serve` with our connector "
+                            "on one local Redis Cluster, a shared-prefix workload of --tokens-token prefixes")
+    scale.add_argument("--groups", type=int, default=6, help="prefixes of the --servers workload (default 6)")
+    scale.add_argument("--rounds", type=int, default=3,
+                       help="rounds of the --servers workload, each prefix once per round (default 3)")
     parser.add_argument("--backend", default=None,
                         help="auto, torch, cpu, triton, ascend (default: platforms.kernel_backend setting)")
     parser.add_argument("--chunks", type=int, default=None, help="move at most N whole chunks (default: all)")
@@ -380,9 +388,46 @@ def run_engine(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def run_scale_out(args: argparse.Namespace) -> int:
+    """``--servers``: one table row (or JSON object) per server count."""
+    from lmcache_platforms.cli.workdir import run_in_workdir
+    from lmcache_platforms.tools.demo.model import MODELS, ensure_model
+    from lmcache_platforms.tools.scale_bench import ScaleBench, context_for, run_scale
+
+    try:
+        counts = tuple(int(n) for n in args.servers.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        return _fail(f"--servers takes a comma list of server counts of 1 or more, got {args.servers!r}")
+    if args.tokens < args.chunk_size or args.groups < 1 or args.rounds < 2:
+        return _fail(f"--servers needs --tokens >= --chunk-size, --groups >= 1 and --rounds >= 2, got "
+                     f"{args.tokens}, {args.chunk_size}, {args.groups}, {args.rounds}")
+    model = context_for(MODELS[args.model], args.tokens)
+
+    def body(folder: Path) -> list[str]:
+        bench = ScaleBench(model, ensure_model(model), counts, args.tokens, args.groups, args.rounds,
+                           args.chunk_size, folder)
+        result = run_scale(bench, lambda line: print(line, file=sys.stderr, flush=True))
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"{result['model']}, {result['prefix_tokens']}-token prefixes + {result['suffix_tokens']}, "
+                  f"{result['groups']} prefixes x {result['rounds']} rounds, chunk {result['chunk_size']}, "
+                  f"cores {result['cores']}")
+            for row in result["rows"]:
+                print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
+        return [f"{row['servers']} server(s): {row['errors']} failed requests" for row in result["rows"]
+                if row["errors"]]
+
+    return run_in_workdir(args.workdir, False, "lmcache-platforms-bench-", print, body)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.engine:
         return run_engine(args)
+    if args.servers is not None:
+        return run_scale_out(args)
     if not args.layout:
         return _fail("give --layout (a layout file or shipped example) or --engine")
     if args.repeats < 1:
