@@ -23,7 +23,6 @@ import contextlib
 import os
 import random
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,7 @@ from lmcache_platforms.tools.demo.client import choice_tokens, served_model
 from lmcache_platforms.tools.demo.identity import compare
 from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
 from lmcache_platforms.tools.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS
-from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.runners import Resources, free_port_run
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, TOP_LOGITS
 from lmcache_platforms.tools.demo.server import VllmServer, http_get, require_vllm_command
 from lmcache_platforms.tools.demo.server_pass import serve_args
@@ -112,21 +111,6 @@ def soak_request(options: SoakOptions, documents: list[list[int]], index: int) -
         return SoakRequest(index, "partial", document[:kept] + tail, kept)
     fresh = _random_tokens(rng, rng.randint(3 * options.chunk_size, 6 * options.chunk_size))
     return SoakRequest(index, "miss", fresh, 0)
-
-
-def free_port_pair() -> int:
-    """A loopback port P with P + 1 also free: LMCache's internal API servers take P (scheduler), P + 1 (worker)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free loopback ports found")
 
 
 def lmcache_yaml(options: SoakOptions, api_port: int) -> str:
@@ -421,7 +405,7 @@ def run_soak(options: SoakOptions, progress: Progress) -> dict[str, Any]:
     require_vllm_command()
     model_dir = ensure_model(TINY_MODEL, options.cache_dir, progress)
     options.workdir.mkdir(parents=True, exist_ok=True)
-    api_port = free_port_pair()
+    api_port = free_port_run(2)  # LMCache's internal API servers: the scheduler's, then the worker's
     config = options.workdir / "lmcache.yaml"
     config.write_text(lmcache_yaml(options, api_port))
     kv_config = {"kv_connector": OUR_CONNECTOR, "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import random
 import re
-import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -49,22 +46,6 @@ def receive(subscriber: zmq.Socket, until: Any, timeout_ms: int = 60_000) -> lis
         _topic, _seq, payload = subscriber.recv_multipart()
         events.extend(decoder.decode(payload).events)
     return events
-
-
-def free_port_run(count: int) -> int:
-    """A port P such that P .. P + count - 1 are free now, below the OS's range of ephemeral ports: vLLM's
-    publisher of data-parallel rank r binds P + r, and no connection vLLM or a test opens meanwhile (their local
-    ports are ephemeral ones) can take one of them."""
-    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(20_000, first_ephemeral - count)
-        try:
-            for offset in range(count):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                    probe.bind(("", port + offset))
-        except OSError:
-            continue
-        return port
 
 
 def replayed(endpoint: str, until: Any, timeout_s: float = 60.0) -> list[KVEventBatch]:

@@ -30,11 +30,11 @@ from vllm.v1.request import Request
 
 from lmcache_platforms.tools.demo.client import Sampling, run_requests
 from lmcache_platforms.tools.demo.model import TINY_DENSE_MODEL, ensure_model
-from lmcache_platforms.tools.demo.runners import Resources
+from lmcache_platforms.tools.demo.runners import Resources, free_port_run
 from lmcache_platforms.tools.demo.server import IN_CORE_WORKER, VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
-from tests.serving.observe import PREFIX, free_port_run, replayed, scrape, scrape_by_label
+from tests.serving.observe import PREFIX, replayed, scrape, scrape_by_label
 from tests.serving.test_upstream_names import CHUNK, LENGTHS, _requests, cpu_tier_env
 
 pytestmark = pytest.mark.slow

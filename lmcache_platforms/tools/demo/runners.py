@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -212,6 +213,24 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("localhost", 0))
         return probe.getsockname()[1]
+
+
+def free_port_run(count: int) -> int:
+    """A port P such that P .. P + count - 1 are free on every interface now, below the OS's range of ephemeral
+    ports: for a server that binds P + i itself later (vLLM's KV-event publisher of data-parallel rank i, LMCache's
+    internal API servers), so that no connection opened meanwhile (its local port is an ephemeral one) can take
+    one of them first."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    first_ephemeral = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    while True:
+        port = random.randrange(20_000, first_ephemeral - count)
+        try:
+            for offset in range(count):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                    probe.bind(("", port + offset))
+        except OSError:
+            continue
+        return port
 
 
 @dataclass
