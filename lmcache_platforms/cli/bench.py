@@ -391,8 +391,8 @@ def run_engine(args: argparse.Namespace) -> int:
 def run_scale_out(args: argparse.Namespace) -> int:
     """``--servers``: one table row (or JSON object) per server count."""
     from lmcache_platforms.cli.workdir import run_in_workdir
-    from lmcache_platforms.tools.demo.model import MODELS, ensure_model
-    from lmcache_platforms.tools.scale_bench import ScaleBench, context_for, run_scale
+    from lmcache_platforms.tools.demo.model import MODELS, ensure_model, with_context
+    from lmcache_platforms.tools.scale_bench import ANSWERED_TOKENS, ScaleBench, run_scale
 
     try:
         counts = tuple(int(n) for n in args.servers.split(","))
@@ -403,7 +403,7 @@ def run_scale_out(args: argparse.Namespace) -> int:
     if args.tokens < args.chunk_size or args.groups < 1 or args.rounds < 2:
         return _fail(f"--servers needs --tokens >= --chunk-size, --groups >= 1 and --rounds >= 2, got "
                      f"{args.tokens}, {args.chunk_size}, {args.groups}, {args.rounds}")
-    model = context_for(MODELS[args.model], args.tokens)
+    model = with_context(MODELS[args.model], args.tokens + ANSWERED_TOKENS)
 
     def body(folder: Path) -> list[str]:
         bench = ScaleBench(model, ensure_model(model), counts, args.tokens, args.groups, args.rounds,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.tools.demo.model import MODELS, ModelSpec, ensure_model
+from lmcache_platforms.tools.demo.model import MODELS, ModelSpec, ensure_model, with_context
 from lmcache_platforms.tools.demo.runners import PassRunner, Resources
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config
 from lmcache_platforms.tools.demo.workload import Request, warmup_request
@@ -252,9 +252,7 @@ def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
         if not 1 <= every <= model.num_layers:
             raise ValueError(f"--full-attention-every must be 1 to {model.num_layers}, got {every}")
         model = replace(model, name=f"{model.name}-full{every}", full_attention_every=every)
-    if args.tokens + 1 > model.max_model_len:
-        context = 1 << (args.tokens + 1).bit_length()
-        model = replace(model, name=f"{model.name}-ctx{context}", max_model_len=context)
+    model = with_context(model, args.tokens + 1)
     tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
     unknown = sorted(set(tiers) - set(TIERS))
     if unknown or not tiers:

@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,13 @@ from lmcache_platforms.tools.demo.server import VllmServer
 from lmcache_platforms.tools.demo.server_pass import serve_args
 from lmcache_platforms.tools.demo.tokenizer import text_of
 from lmcache_platforms.tools.demo.workload import FIRST_ORDINARY_TOKEN
+from lmcache_platforms.tools.engine_bench import lmcache_yaml
 from lmcache_platforms.tools.redis_server import RedisCluster
 
 SUFFIX_TOKENS = 128
 MAX_TOKENS = 16
+ANSWERED_TOKENS = SUFFIX_TOKENS + MAX_TOKENS
+"""What a prompt holds besides its prefix, with its answer: the context a server needs beyond ``prefix_tokens``."""
 BLOCK_SIZE = 32
 
 
@@ -109,11 +112,6 @@ def summary(servers: int, answered: list[tuple[Ask, dict[str, Any] | None]], war
     }
 
 
-def _lmcache_yaml(bench: ScaleBench, cluster_url: str) -> str:
-    return (f"chunk_size: {bench.chunk_size}\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
-            f'remote_url: "{cluster_url}"\nremote_serde: naive\n')
-
-
 def run_servers(bench: ScaleBench, servers: int, progress: Callable[[str], None]) -> dict[str, Any]:
     """The workload on ``servers`` fresh servers and an empty cluster; one row of the table."""
     folder = bench.workdir / f"servers-{servers}"
@@ -124,7 +122,7 @@ def run_servers(bench: ScaleBench, servers: int, progress: Callable[[str], None]
     warm_seconds = 0.0
     with RedisCluster(str(folder / "cluster")) as cluster:
         config = folder / "lmcache.yaml"
-        config.write_text(_lmcache_yaml(bench, cluster.url))
+        config.write_text(lmcache_yaml("redis-cluster", bench.chunk_size, 1.0, 0.0, cluster.url))
         transfer = {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"}
         started = [VllmServer.for_model(bench.model_dir, transfer, serve_args(BLOCK_SIZE, bench.model.max_model_len),
                                         folder / f"server-{index}.log", Resources.available(),
@@ -162,11 +160,3 @@ def run_scale(bench: ScaleBench, progress: Callable[[str], None]) -> dict[str, A
             "groups": bench.groups, "rounds": bench.rounds, "chunk_size": bench.chunk_size,
             "cores": len(Resources.available().cores), "rows": rows}
 
-
-def context_for(model: ModelSpec, prefix_tokens: int) -> ModelSpec:
-    """``model``, or a variant whose context fits a prompt of ``prefix_tokens`` and its suffix and answer."""
-    need = prefix_tokens + SUFFIX_TOKENS + MAX_TOKENS
-    if need <= model.max_model_len:
-        return model
-    context = 1 << need.bit_length()
-    return replace(model, name=f"{model.name}-ctx{context}", max_model_len=context)

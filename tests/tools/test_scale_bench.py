@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmcache_platforms.tools.demo.model import TINY_MODEL
-from lmcache_platforms.tools.scale_bench import SUFFIX_TOKENS, Ask, context_for, percentile, prompt, schedule, summary
+from lmcache_platforms.tools.demo.model import TINY_MODEL, with_context
+from lmcache_platforms.tools.scale_bench import SUFFIX_TOKENS, Ask, percentile, prompt, schedule, summary
 
 
 def test_one_server_answers_everything_and_has_seen_every_prefix_after_round_0() -> None:
@@ -59,7 +59,8 @@ def test_the_row_counts_warm_rounds_only_and_cross_server_hits_where_the_prefix_
                    "ttft_p99_s": 0.3, "hit_rate": 480 / 600, "cross_server_hit_rate": 256 / 600}
 
 
-def test_a_prompt_longer_than_the_model_gets_a_variant_with_a_context_to_fit() -> None:
-    assert context_for(TINY_MODEL, 1024 - SUFFIX_TOKENS - 16) is TINY_MODEL  # fits exactly
-    longer = context_for(TINY_MODEL, 1024 - SUFFIX_TOKENS - 15)
+
+def test_a_context_too_short_for_the_tokens_grows_to_the_next_power_of_two() -> None:
+    assert with_context(TINY_MODEL, 1024) is TINY_MODEL  # fits exactly
+    longer = with_context(TINY_MODEL, 1025)
     assert longer.max_model_len == 2048 and longer.name == f"{TINY_MODEL.name}-ctx2048"

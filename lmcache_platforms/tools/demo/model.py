@@ -71,6 +71,15 @@ TINY_DENSE_MODEL = replace(TINY_MODEL, name=f"{TINY_MODEL.name}-full1", full_att
 MODELS = {"demo": DEMO_MODEL, "tiny": TINY_MODEL, "tiny-dense": TINY_DENSE_MODEL}
 
 
+def with_context(model: ModelSpec, tokens: int) -> ModelSpec:
+    """``model``, or a variant of it (its own name, so its own folder) whose context holds ``tokens`` tokens:
+    the next power of two above them."""
+    if tokens <= model.max_model_len:
+        return model
+    context = 1 << tokens.bit_length()
+    return replace(model, name=f"{model.name}-ctx{context}", max_model_len=context)
+
+
 def default_cache_dir() -> Path:
     """``$LMCACHE_PLATFORMS_CACHE`` or ``~/.cache/lmcache_platforms``; models live under ``models/``."""
     root = os.environ.get("LMCACHE_PLATFORMS_CACHE") or Path.home() / ".cache" / "lmcache_platforms"
