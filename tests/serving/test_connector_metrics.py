@@ -78,10 +78,9 @@ def test_metrics_and_events_of_a_data_parallel_server_are_exact(tmp_path: Path) 
                      for direction in ("stored", "loaded")}
         per_tier = scrape_by_label(server.base_url, "tier_bytes_read_total", "tier")
         per_engine = scrape_by_label(server.base_url, "chunks_stored_total", "engine")
-        replays = [f"tcp://127.0.0.1:{port + 2 + rank}" for rank in range(2)]
-        for endpoint in replays:  # every step of both passes has run: wait until its events left the queue
-            replayed(endpoint, lambda batches: any(b.events for b in batches))
-        published = [replayed(endpoint, lambda _: True) for endpoint in replays]
+        # Every step of both passes has run: each rank's replay, once its events have left the publisher's queue.
+        published = [replayed(f"tcp://127.0.0.1:{port + 2 + rank}", lambda batches: any(b.events for b in batches))
+                     for rank in range(2)]
     hits = [n // CHUNK * CHUNK for n in LENGTHS]  # whole chunks; vLLM computes the last token itself
     assert [r["lmcache_hit_tokens"] for r in cold + warm] == [0, 0, *hits]
     chunks = sum(n // CHUNK for n in LENGTHS)  # only whole chunks are saved (LMCache's save_unfull_chunk: false)
