@@ -15,6 +15,7 @@ that name ``max_examples`` themselves keep their own count.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -125,3 +126,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return scope_of(nodeid)
 
     return ModuleScheduling(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servers_start_forked() -> Iterator[None]:
+    """Every ``vllm serve`` the tools start in this session is a child of a fork server that imported vLLM's CLI
+    once (``tests/serve_fork.py``)."""
+    from lmcache_platforms.tools.demo import server
+    from tests.serve_fork import start_forked
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server, "launch", start_forked)
+        yield

@@ -12,6 +12,12 @@ A run that builds an engine and tests nothing about import order can ask for a s
 rest of vLLM's engine too (``engine=True``: a few seconds fewer per run; vLLM's KV-transfer package is loaded
 then, LMCache and our package still are not).
 
+A ``vllm serve`` started by the tools (``lmcache_platforms.tools.demo.server.launch``, replaced for the session
+by ``tests/serve_fork.py``) is a child of a third server, which preloaded vLLM's CLI and OpenAI server
+(``SERVE_PRELOADED``: what a fresh ``vllm serve`` imports before it reads its arguments, LMCache and our package
+not among it). Such a child leads its own session and runs on the cores it was given, as ``subprocess.Popen``
+with ``start_new_session`` would start it; ``start`` returns it at once (``ForkedChild``).
+
 A run whose ``PYTHONPATH`` shadows a preloaded package (another vLLM: ``tests/integration/test_vllm023.py``)
 cannot start from this state and keeps its own interpreter.
 
@@ -46,6 +52,11 @@ ENGINE_PRELOADED = (*PRELOADED, "vllm.entrypoints.llm", "vllm.v1.engine.llm_engi
 """For runs whose import order is not what they test (an engine built as a script builds it): the rest of vLLM's
 engine too, vLLM's KV-transfer package with it; LMCache and our package still untouched."""
 ENGINE_UNTOUCHED = ("lmcache",)
+SERVE_PRELOADED = (*PRELOADED, "vllm.entrypoints.cli.main", "vllm.entrypoints.cli.serve",
+                   "vllm.entrypoints.openai.api_server")
+"""What ``vllm serve`` imports before it reads its arguments (its own KV-transfer package among it)."""
+KINDS = {"plain": (PRELOADED, UNTOUCHED), "engine": (ENGINE_PRELOADED, ENGINE_UNTOUCHED),
+         "serve": (SERVE_PRELOADED, ENGINE_UNTOUCHED)}
 # Left out of the server's own environment: they must act only where a run sets them.
 RUN_ONLY = ("LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS")
 
@@ -61,9 +72,16 @@ def clean_environment(**env: str) -> dict[str, str]:
 def _child(request: dict[str, Any]) -> None:
     """In the forked child: set the run up, run it, and leave (``_leave``)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if request.get("session"):
+        os.setsid()
+    if request.get("cpus"):
+        os.sched_setaffinity(0, request["cpus"])
     os.dup2(os.open(request.get("stdin", os.devnull), os.O_RDONLY), 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
+    if request["stderr"] == request["stdout"]:
+        os.dup2(1, 2)
+    else:
+        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -75,7 +93,7 @@ def _child(request: dict[str, Any]) -> None:
             sys.argv = [request["module"], *request["argv"]]
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         else:
-            sys.argv = ["-c"]
+            sys.argv = request.get("sys_argv", ["-c"])
             exec(compile(request["script"], "<string>", "exec"), {"__name__": "__main__"})
         code = 0
     except SystemExit as exc:
@@ -98,27 +116,78 @@ def _leave(code: int, status: str) -> None:
     os._exit(code)
 
 
-def serve(engine: bool) -> None:
-    for name in ENGINE_PRELOADED if engine else PRELOADED:
+def serve(kind: str) -> None:
+    preloaded, untouched = KINDS[kind]
+    for name in preloaded:
         importlib.import_module(name)
-    loaded = sorted(name for name in sys.modules if name.startswith(ENGINE_UNTOUCHED if engine else UNTOUCHED))
+    loaded = sorted(name for name in sys.modules if name.startswith(untouched))
     print(json.dumps({"loaded": loaded}), flush=True)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they end
+    children: dict[int, str] = {}
+    signal.signal(signal.SIGCHLD, lambda *_: _reap(children))
     for line in sys.stdin:
         request = json.loads(line)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reaped only once it is known
         pid = os.fork()
         if pid == 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _child(request)
+        children[pid] = request["status"]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         print(json.dumps({"pid": pid}), flush=True)
 
 
-class ForkServer:
-    """The client: ``run`` gives what ``subprocess.run`` of a fresh interpreter would, from a forked child."""
+def _reap(children: dict[int, str]) -> None:
+    """Reap the children that ended; one a signal killed gets the status ``subprocess`` gives it (minus the
+    signal's number), written before it is reaped, so a caller seeing it gone also sees its status."""
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # none left
+            return
+        if ended is None:  # none ended
+            return
+        status = children.pop(ended.si_pid, None)
+        if status and ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) and not os.path.exists(status):
+            Path(status + ".part").write_text(str(-ended.si_status))
+            os.rename(status + ".part", status)
+        os.waitpid(ended.si_pid, 0)
 
-    def __init__(self, engine: bool = False) -> None:
+
+class ForkedChild:
+    """A started child of a fork server, as far as callers use a ``subprocess.Popen``: its pid, ``poll`` and
+    ``wait``. The server reaps its children itself; the status is what the child wrote as it left, or -1 when it
+    left without writing one (killed, or by ``os._exit``)."""
+
+    def __init__(self, pid: int, status: Path, paths: tuple[Path, ...]) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._status = status
+        self._paths = paths
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive(self.pid):
+            self.returncode = int(self._status.read_text()) if self._status.exists() else -1
+            for path in self._paths:
+                path.unlink(missing_ok=True)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+
+class ForkServer:
+    """The client: ``run`` gives what ``subprocess.run`` of a fresh interpreter would, from a forked child;
+    ``start`` what ``subprocess.Popen`` would."""
+
+    def __init__(self, kind: str = "plain") -> None:
         self._folder = Path(tempfile.mkdtemp(prefix="fork-server-"))
         env = clean_environment()
-        argv = [sys.executable, "-c", Path(__file__).read_text(), *(["engine"] if engine else [])]
+        argv = [sys.executable, "-c", Path(__file__).read_text(), kind]
         with open(self._folder / "server.err", "w") as errors:
             self._process = subprocess.Popen(argv, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=errors)
@@ -133,11 +202,28 @@ class ForkServer:
         assert line, f"the fork server died: {(self._folder / 'server.err').read_text()[-3000:]}"
         return json.loads(line)
 
+    def _fork(self, request: dict[str, Any]) -> int:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        return self._answer()["pid"]
+
+    def start(self, what: dict[str, Any], env: Mapping[str, str], cwd: Path | str, log: Path,
+              cpus: tuple[int, ...] = ()) -> ForkedChild:
+        """``what`` as in ``run``, started in a session of its own on ``cpus`` (all if none), stdout and stderr
+        into ``log``, stdin empty; returned at once."""
+        with self._lock:
+            self._count += 1
+            status = self._folder / f"{self._count}.status"
+            pid = self._fork({**what, "env": dict(env), "cwd": str(cwd), "stdout": str(log), "stderr": str(log),
+                              "status": str(status), "session": True, "cpus": list(cpus)})
+        return ForkedChild(pid, status, (status,))
+
     def run(self, what: dict[str, Any], env: Mapping[str, str], cwd: Path | str | None = None,
             timeout: float = 600.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """``what`` is ``{"module": name, "argv": [...]}`` (``python -m``) or ``{"script": source}`` (``-c``);
+        """``what`` is ``{"module": name, "argv": [...]}`` (``python -m``) or ``{"script": source}`` (``-c``, with
+        ``"sys_argv"`` its ``sys.argv``, ``["-c"]`` if none);
         ``input`` is the run's stdin (default: empty)."""
-        assert self._process.stdin is not None
         with self._lock:
             self._count += 1
             parts = ("out", "err", "status", "in")
@@ -147,17 +233,14 @@ class ForkServer:
             if input is not None:
                 given.write_text(input)
                 request["stdin"] = str(given)
-            self._process.stdin.write(json.dumps(request) + "\n")
-            self._process.stdin.flush()
-            pid = self._answer()["pid"]
-        deadline = time.monotonic() + timeout
-        while _alive(pid):
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(str(what)[:200], timeout, out.read_text(), err.read_text())
-            time.sleep(0.05)
-        code = int(status.read_text()) if status.exists() else -1  # none: killed before it could say
-        done = subprocess.CompletedProcess([str(what)[:200]], code, out.read_text(), err.read_text())
+            pid = self._fork(request)
+        child = ForkedChild(pid, status, ())
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(str(what)[:200], timeout, out.read_text(), err.read_text()) from None
+        done = subprocess.CompletedProcess([str(what)[:200]], child.wait(), out.read_text(), err.read_text())
         for path in (out, err, status, given):
             path.unlink(missing_ok=True)
         return done
@@ -180,17 +263,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-_shared: dict[bool, ForkServer] = {}
+_shared: dict[str, ForkServer] = {}
 _shared_lock = threading.Lock()
 
 
-def shared(engine: bool = False) -> ForkServer:
-    """This test process's server (with vLLM's engine preloaded or not), started on first use, closed at exit."""
+def shared(kind: str = "plain") -> ForkServer:
+    """This test process's server of ``kind`` (``KINDS``), started on first use, closed at exit."""
     with _shared_lock:
-        if engine not in _shared:
-            _shared[engine] = server = ForkServer(engine)
+        if kind not in _shared:
+            _shared[kind] = server = ForkServer(kind)
             atexit.register(server.close)
-        return _shared[engine]
+        return _shared[kind]
 
 
 def run_module(module: str, argv: list[str], env: Mapping[str, str], cwd: Path | str | None = None,
@@ -198,7 +281,7 @@ def run_module(module: str, argv: list[str], env: Mapping[str, str], cwd: Path |
                engine: bool = False) -> subprocess.CompletedProcess[str]:
     """``python -m module *argv`` with ``env`` in ``cwd``, as a child of this process's fork server; ``engine``:
     of the server that preloaded vLLM's engine (``ENGINE_PRELOADED``)."""
-    return shared(engine).run({"module": module, "argv": argv}, env, cwd, timeout, input)
+    return shared("engine" if engine else "plain").run({"module": module, "argv": argv}, env, cwd, timeout, input)
 
 
 def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0, cwd: Path | str | None = None,
@@ -208,4 +291,4 @@ def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0, cwd:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1:] == ["engine"])
+    serve(sys.argv[1])

@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 Progress = Callable[[str], None]
 ENGINE_PASS_MODULE = "lmcache_platforms.tools.demo.engine_pass"
@@ -111,7 +111,18 @@ def failure(what: str, log_path: Path) -> PassFailed:
     return PassFailed(f"{what}{': ' + error if error else ''}\nlog {log_path}:\n{_log_tail(log_path)}")
 
 
-def kill_group(process: subprocess.Popen, settle_s: float = 5.0) -> None:
+class GroupLeader(Protocol):
+    """What is used of a child that leads its own process group (``subprocess.Popen`` has it)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_group(process: GroupLeader, settle_s: float = 5.0) -> None:
     """Kill the process group the child leads (it and anything it started), reap the child, and wait (boundedly)
     until the group is gone: SIGKILL is asynchronous, and a caller checking for strays must not see the dying."""
     with contextlib.suppress(ProcessLookupError):
