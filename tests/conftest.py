@@ -129,12 +129,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _servers_start_forked() -> Iterator[None]:
-    """Every ``vllm serve`` the tools start in this session is a child of a fork server that imported vLLM's CLI
-    once (``tests/serve_fork.py``)."""
-    from lmcache_platforms.tools.demo import server
-    from tests.serve_fork import start_forked
+def _tools_start_forked() -> Iterator[None]:
+    """Every ``vllm serve`` and engine pass the tools start in this session is a child of a fork server that
+    imported what it would import first (``tests/fork_launch.py``)."""
+    from lmcache_platforms.tools.demo import runners
+    from tests.fork_launch import start_forked
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(server, "launch", start_forked)
+        patch.setattr(runners, "launch", start_forked)
         yield

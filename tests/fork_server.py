@@ -76,6 +76,10 @@ def _child(request: dict[str, Any]) -> None:
         os.setsid()
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
+    if request.get("title"):  # what a fresh process's command line would show (a stray is found by it)
+        import setproctitle
+
+        setproctitle.setproctitle(request["title"])
     os.dup2(os.open(request.get("stdin", os.devnull), os.O_RDONLY), 0)
     os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
     if request["stderr"] == request["stdout"]:
@@ -208,15 +212,17 @@ class ForkServer:
         self._process.stdin.flush()
         return self._answer()["pid"]
 
-    def start(self, what: dict[str, Any], env: Mapping[str, str], cwd: Path | str, log: Path,
+    def start(self, what: dict[str, Any], command: list[str], env: Mapping[str, str], cwd: Path | str, log: Path,
               cpus: tuple[int, ...] = ()) -> ForkedChild:
-        """``what`` as in ``run``, started in a session of its own on ``cpus`` (all if none), stdout and stderr
-        into ``log``, stdin empty; returned at once."""
+        """``what`` as in ``run``, standing for the fresh process ``command`` (its command line shows that),
+        started in a session of its own on ``cpus`` (all if none), stdout and stderr into ``log``, stdin empty;
+        returned at once."""
         with self._lock:
             self._count += 1
             status = self._folder / f"{self._count}.status"
             pid = self._fork({**what, "env": dict(env), "cwd": str(cwd), "stdout": str(log), "stderr": str(log),
-                              "status": str(status), "session": True, "cpus": list(cpus)})
+                              "status": str(status), "session": True, "cpus": list(cpus),
+                              "title": " ".join(command)})
         return ForkedChild(pid, status, (status,))
 
     def run(self, what: dict[str, Any], env: Mapping[str, str], cwd: Path | str | None = None,

@@ -1,15 +1,23 @@
 """The fork server's children end as a fresh interpreter does: the same output, in the same order, and the same
 exit status, with a thread outliving the main module (joined), exit handlers (run after it), a daemon thread
-(abandoned), ``sys.exit`` and an uncaught exception."""
+(abandoned), ``sys.exit`` and an uncaught exception. A started child (how the tests start servers and engine
+passes: ``tests/fork_launch.py``) stands where ``subprocess.Popen`` with a session of its own would: its own
+process group, the given cores, its output in one log, the fresh command on its command line, and the exit status
+``Popen`` reports, a killing signal's included."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.fork_server import clean_environment, run_script
+from tests.fork_server import clean_environment, run_script, shared
+from tests.serving.processes import processes_mentioning
 
 ENDINGS = {
     "exit-3": "sys.exit(3)",
@@ -52,3 +60,24 @@ def test_negative_control_a_run_leaving_before_its_exit_handlers_prints_less() -
                            timeout=60)
     assert forked.stdout == fresh.stdout == "main done\n"
     assert (forked.returncode, fresh.returncode) == (-1, 0)
+
+
+def test_a_started_child_stands_where_a_fresh_process_in_its_own_session_would(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    command = [sys.executable, "-c", "stands-for", str(tmp_path)]
+    script = ("import os, sys, time\nprint(os.getpgid(0) == os.getpid(), sorted(os.sched_getaffinity(0)))\n"
+              "print('to stderr', file=sys.stderr, flush=True)\nsys.exit(int(sys.argv[1]))\n")
+    cpu = min(os.sched_getaffinity(0))
+    child = shared().start({"script": script, "sys_argv": ["-c", "7"]}, command, clean_environment(), tmp_path, log,
+                           (cpu,))
+    assert child.wait(timeout=60) == 7
+    assert log.read_text() == f"True [{cpu}]\nto stderr\n"
+    hung = shared().start({"script": "import time\ntime.sleep(600)\n"}, command, clean_environment(), tmp_path, log)
+    deadline = time.monotonic() + 30
+    while processes_mentioning(str(tmp_path)) != [hung.pid] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child names itself just after the fork
+    assert processes_mentioning(str(tmp_path)) == [hung.pid]
+    assert hung.poll() is None
+    os.killpg(hung.pid, signal.SIGKILL)
+    assert hung.wait(timeout=60) == -signal.SIGKILL
+    assert processes_mentioning(str(tmp_path)) == []

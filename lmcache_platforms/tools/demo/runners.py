@@ -122,6 +122,24 @@ class GroupLeader(Protocol):
     def wait(self, timeout: float | None = None) -> int: ...
 
 
+def start_fresh(command: list[str], env: dict[str, str], log_path: Path,
+                resources: Resources | None) -> GroupLeader:
+    """``command`` as a fresh process leading its own session (process group), pinned to ``resources``' cores,
+    its stdout and stderr in ``log_path``, stdin empty: how users start ``vllm serve`` or a script."""
+    with log_path.open("w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, preexec_fn=resources.pin if resources else None)
+
+
+Launch = Callable[[list[str], dict[str, str], Path, "Resources | None"], GroupLeader]
+# How the tools start a server or an engine pass (``VllmServer``, ``PassRunner``), read at each start. The test
+# suite replaces it for the session (tests/fork_launch.py): a ``vllm serve`` or a ``python -m`` pass becomes a
+# child of an interpreter that imported vLLM's CLI, or torch and vLLM's config, once, saving the seconds each
+# fresh interpreter spends importing them; the session, the cores and the code run from the entry point on are
+# those of the fresh process.
+launch: Launch = start_fresh
+
+
 def kill_group(process: GroupLeader, settle_s: float = 5.0) -> None:
     """Kill the process group the child leads (it and anything it started), reap the child, and wait (boundedly)
     until the group is gone: SIGKILL is asynchronous, and a caller checking for strays must not see the dying."""
@@ -182,13 +200,9 @@ class PassRunner:
         env = {**base_env(self.resources), **(extra_env or {})}
         relay = _Relay(progress_path, self.progress, f"  [{label}] ")
         self.logs.append(log_path)
-        with log_path.open("w") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", module, str(spec_path), str(out_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=self.resources.pin,
-            )
-            hung = self._wait(process, out_path, log_path, label, relay)
+        process = launch([sys.executable, "-m", module, str(spec_path), str(out_path)], env, log_path,
+                         self.resources)
+        hung = self._wait(process, out_path, log_path, label, relay)
         if not hung and (process.returncode != 0 or not out_path.exists()):
             raise failure(f"pass {label} failed (exit {process.returncode})", log_path)
         result = json.loads(out_path.read_text())
@@ -198,7 +212,7 @@ class PassRunner:
                                       f"{self.exit_grace_s:.0f} s (hung at exit); it was killed")
         return result
 
-    def _wait(self, process: subprocess.Popen, out_path: Path, log_path: Path, label: str, relay: _Relay) -> bool:
+    def _wait(self, process: GroupLeader, out_path: Path, log_path: Path, label: str, relay: _Relay) -> bool:
         """Wait for the pass; True when it wrote its results but then hung at exit and had to be killed."""
         deadline = time.monotonic() + self.timeout_s
         finished_at: float | None = None

@@ -16,11 +16,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmcache_platforms.tools.demo import runners
 from lmcache_platforms.tools.demo.runners import (
     GroupLeader,
     PassFailed,
@@ -68,23 +68,6 @@ def server_env(resources: Resources, extra: dict[str, str] | None = None) -> dic
     return {**env, **(extra or {})}
 
 
-def start_fresh(command: list[str], env: dict[str, str], log_path: Path,
-                resources: Resources | None) -> GroupLeader:
-    """``command`` as a fresh process leading its own session (process group), pinned to ``resources``' cores,
-    its stdout and stderr in ``log_path``: how users start ``vllm serve``."""
-    with log_path.open("w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=resources.pin if resources else None)
-
-
-Launch = Callable[[list[str], dict[str, str], Path, "Resources | None"], GroupLeader]
-# How every ``VllmServer`` starts its process, read at each start. The test suite replaces it for the session
-# (tests/serve_fork.py): its servers start as children of one interpreter that imported vLLM's CLI once, the
-# ~11 s each fresh ``vllm serve`` spends importing before it reads its arguments; the process tree, the session
-# and the code run from the CLI's entry point on are the same.
-launch: Launch = start_fresh
-
-
 def http_get(url: str, timeout_s: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as reply:
         return reply.read().decode()
@@ -126,7 +109,7 @@ class VllmServer:
 
     def __enter__(self) -> VllmServer:
         started = time.monotonic()
-        self.process = launch(self.command, self.env, self.log_path, self.resources)
+        self.process = runners.launch(self.command, self.env, self.log_path, self.resources)
         deadline = started + self.start_timeout_s
         while not self._healthy():
             if self.process.poll() is not None:
