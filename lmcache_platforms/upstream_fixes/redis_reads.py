@@ -106,9 +106,19 @@ async def _both_values(self: Any, keys: list[Any], command: Literal["get", "exis
             getattr(pipe, command)(name + "kv_bytes")
         answers = await pipe.execute()
         triples = list(zip(names, answers[0::2], answers[1::2], strict=True))
-        orphans = [name for name, metadata, data in triples if _held(metadata) and not _held(data)]
-        if orphans:
-            await _drop_orphans(client, orphans)
+        suspects = [index for index, (_, metadata, data) in enumerate(triples) if _held(metadata) and not _held(data)]
+        if suspects:
+            # A cluster keeps the two values on the nodes of their own slots and the pipeline asks those nodes at
+            # once: the bytes may have been asked before a writer set them and the metadata after. Asked again
+            # now, once the metadata was seen, bytes a writer set are there; only bytes still missing are gone.
+            pipe = _pipeline(client)
+            for index in suspects:
+                getattr(pipe, command)(names[index] + "kv_bytes")
+            for index, data in zip(suspects, await pipe.execute(), strict=True):
+                triples[index] = (names[index], triples[index][1], data)
+            orphans = [names[index] for index in suspects if not _held(triples[index][2])]
+            if orphans:
+                await _drop_orphans(client, orphans)
     return triples
 
 

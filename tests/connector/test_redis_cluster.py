@@ -165,3 +165,50 @@ def test_a_same_size_corrupt_value_is_refused_and_deleted_from_the_cluster(clust
             assert engine.retrieve(request.tokens, request.load_ids) == 0
             assert client.keys("*", target_nodes=redis.cluster.RedisCluster.ALL_NODES) == []
         assert engine.lookup(request.tokens) == 0
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative-control-first-answers-kept"])
+def test_a_lookup_meeting_a_write_between_the_two_nodes_keeps_the_chunk(
+        cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch, fixed: bool) -> None:
+    """A writer sets a chunk's bytes, then its metadata; on a cluster the two keys live on their own nodes, and a
+    lookup's pipeline asks both nodes at once, so under load it can read the bytes before the writer set them
+    and the metadata after. Planted: the bytes are set just after the lookup's pipeline read them absent. The
+    chunk must be found and stay stored. The control keeps that pipeline's answers (no second look): the chunk
+    is taken for an orphan, its metadata deleted, and every later lookup misses a chunk whose two values had
+    both been written (a CI run met this: a store that never became findable)."""
+    import redis.cluster
+
+    from lmcache_platforms.upstream_fixes import redis_reads
+
+    layout, request, storage = _one_chunk(cluster, seed=5)
+    with LayoutEngine(layout, storage) as writer:
+        _store_remotely(writer, request)
+    pipeline, pipelines = redis_reads._pipeline, []
+    with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
+        (name,) = client.keys("*kv_bytes", target_nodes=redis.cluster.RedisCluster.ALL_NODES)
+        value = client.get(name)
+        assert client.delete(name) == 1
+
+        def planted(redis_client: object) -> object:
+            pipe = pipeline(redis_client)
+            pipelines.append(pipe)
+            first, execute = len(pipelines) == 1, pipe.execute
+
+            async def execute_planted() -> list[object]:
+                answers = await execute()
+                if first:
+                    client.set(name, value)  # the writer's set lands between the two nodes' answers
+                return answers if first or fixed else [0] * len(answers)
+
+            pipe.execute = execute_planted
+            return pipe
+
+        monkeypatch.setattr(redis_reads, "_pipeline", planted)
+        with LayoutEngine(layout, storage) as reader:
+            found = reader.lookup(request.tokens, search_range=["RemoteBackend"])
+            monkeypatch.setattr(redis_reads, "_pipeline", pipeline)
+            later = reader.lookup(request.tokens, search_range=["RemoteBackend"])
+        metadata = client.keys("*metadata", target_nodes=redis.cluster.RedisCluster.ALL_NODES)
+    assert len(pipelines) == 2  # the planted read, and the second look at the bytes it missed
+    stored = request.stored_tokens
+    assert (found, later, len(metadata)) == ((stored, stored, 1) if fixed else (0, 0, 0))
