@@ -57,8 +57,10 @@ SERVE_PRELOADED = (*PRELOADED, "vllm.entrypoints.cli.main", "vllm.entrypoints.cl
 """What ``vllm serve`` imports before it reads its arguments (its own KV-transfer package among it)."""
 KINDS = {"plain": (PRELOADED, UNTOUCHED), "engine": (ENGINE_PRELOADED, ENGINE_UNTOUCHED),
          "serve": (SERVE_PRELOADED, ENGINE_UNTOUCHED)}
-# Left out of the server's own environment: they must act only where a run sets them.
-RUN_ONLY = ("LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS")
+# Left out of the server's own environment: they must act only where a run sets them. LMCache sets
+# PROMETHEUS_MULTIPROC_DIR in any process that builds an engine (a test worker, once one ran in it), and
+# prometheus_client, which the preloads import, picks its value class by it at import.
+RUN_ONLY = ("LMCACHE_PLATFORMS_DISABLE", "VLLM_PLUGINS", "PROMETHEUS_MULTIPROC_DIR")
 
 
 def clean_environment(**env: str) -> dict[str, str]:
@@ -88,6 +90,9 @@ def _child(request: dict[str, Any]) -> None:
         os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
     os.environ.clear()
     os.environ.update(request["env"])
+    if "prometheus_client.values" in sys.modules:  # the value class a fresh import would pick in this environment
+        values = sys.modules["prometheus_client.values"]
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
     os.chdir(request["cwd"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[1:1] = extra

@@ -81,3 +81,21 @@ def test_a_started_child_stands_where_a_fresh_process_in_its_own_session_would(t
     os.killpg(hung.pid, signal.SIGKILL)
     assert hung.wait(timeout=60) == -signal.SIGKILL
     assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("multiprocess", [True, False], ids=["dir-set", "no-dir"])
+def test_a_child_counts_metrics_as_a_fresh_interpreter_in_its_environment_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, multiprocess: bool) -> None:
+    """prometheus_client (which the engine preload imports) picks its value class from
+    ``PROMETHEUS_MULTIPROC_DIR`` at import. LMCache sets that variable in a test worker that built an engine, so
+    a fork server started later preloaded the multiprocess class, and a server child without the variable
+    failed at its first metric (``TypeError: expected str, bytes or os.PathLike object, not NoneType``). The
+    servers leave it out, and a child picks the class its own environment gives."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    assert "PROMETHEUS_MULTIPROC_DIR" not in clean_environment()
+    env = clean_environment(**({"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)} if multiprocess else {}))
+    script = ("import prometheus_client\nprometheus_client.Counter('probe', 'probe').inc()\n"
+              "print(prometheus_client.values.ValueClass.__name__)\n")
+    child = shared("engine").run({"script": script}, env, timeout=120)
+    assert (child.returncode, child.stdout) == (0, "MmapedValue\n" if multiprocess else "MutexValue\n"), \
+        child.stderr[-2000:]
