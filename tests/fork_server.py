@@ -12,11 +12,12 @@ A run that builds an engine and tests nothing about import order can ask for a s
 rest of vLLM's engine too (``engine=True``: a few seconds fewer per run; vLLM's KV-transfer package is loaded
 then, LMCache and our package still are not).
 
-A ``vllm serve`` started by the tools (``lmcache_platforms.tools.demo.server.launch``, replaced for the session
-by ``tests/serve_fork.py``) is a child of a third server, which preloaded vLLM's CLI and OpenAI server
-(``SERVE_PRELOADED``: what a fresh ``vllm serve`` imports before it reads its arguments, LMCache and our package
-not among it). Such a child leads its own session and runs on the cores it was given, as ``subprocess.Popen``
-with ``start_new_session`` would start it; ``start`` returns it at once (``ForkedChild``).
+The servers and engine passes the tools start (``lmcache_platforms.tools.demo.runners.launch``, replaced for the
+session by ``tests/fork_launch.py``) are children too: a ``vllm serve`` of a third server, which preloaded vLLM's
+CLI and OpenAI server (``SERVE_PRELOADED``: what a fresh ``vllm serve`` imports before it reads its arguments,
+LMCache and our package not among it), a ``python -m`` pass of the first. Such a child leads its own session and
+runs on the cores it was given, as ``subprocess.Popen`` with ``start_new_session`` would start it; ``start``
+returns it at once (``ForkedChild``).
 
 A run whose ``PYTHONPATH`` shadows a preloaded package (another vLLM: ``tests/integration/test_vllm023.py``)
 cannot start from this state and keeps its own interpreter.
@@ -247,11 +248,11 @@ class ForkServer:
             pid = self._fork(request)
         child = ForkedChild(pid, status, ())
         try:
-            child.wait(timeout)
+            code = child.wait(timeout)
         except subprocess.TimeoutExpired:
             os.kill(pid, signal.SIGKILL)
             raise subprocess.TimeoutExpired(str(what)[:200], timeout, out.read_text(), err.read_text()) from None
-        done = subprocess.CompletedProcess([str(what)[:200]], child.wait(), out.read_text(), err.read_text())
+        done = subprocess.CompletedProcess([str(what)[:200]], code, out.read_text(), err.read_text())
         for path in (out, err, status, given):
             path.unlink(missing_ok=True)
         return done
