@@ -7,8 +7,8 @@ does on CPU memory objects), and plain copies of the same byte count (`Tensor.co
 copy through the native library's thread pool; same thread count, the faster one is the memcpy reference) are
 timed in interleaved rounds after a warm-up, best of --repeats each; where upstream LMCache 0.5.6's own torch
 path can move the layout, it is timed the same way against its own copies. On an accelerator the whole path to
-LMCache's pinned host objects is timed against a pinned copy, and on CUDA the GPU time alone (CUDA graph replay)
-against a device copy replayed the same way.
+LMCache's pinned host objects is timed against a pinned copy, also with the objects' checksum made on the device
+and on the host, and on CUDA the GPU time alone (CUDA graph replay) against a device copy replayed the same way.
 """
 
 from __future__ import annotations
@@ -195,6 +195,7 @@ def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
 def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     """Best store, load and same-size copy seconds over every whole chunk, and the launches per chunk."""
     from lmcache_platforms.config import PlatformSettings
+    from lmcache_platforms.connector.chunk_format import paged_format
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.kernels.registry import select_backend
     from lmcache_platforms.layout.plane import buffer_bytes
@@ -220,7 +221,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
         works.update(_checksummed(objects, store, load, moved))
     else:
-        works.update(_through_pinned_host(objects, store, load, moved, device))
+        works.update(_through_pinned_host(objects, store, load, moved, device, paged_format(layout).payload_bytes))
     works.update({name: work for name, (work, _) in copies.items()})
     best = best_of_rounds(works, sync, args.repeats)
     best.update(best_copy(best, copies))
@@ -231,13 +232,21 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
 
 
 def _through_pinned_host(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
-                         payload: int, device) -> dict[str, Callable[[], object]]:
+                         moved: int, device, payload: int) -> dict[str, Callable[[], object]]:
     """On an accelerator, the connector's whole path to LMCache's pinned host objects (the kernels into a device
     buffer, then one copy per chunk across the bus, as ``LayoutBinding`` stages it), and the reference that path
-    is judged against: a plain pinned copy of the same bytes each way."""
+    is judged against: a plain pinned copy of the same bytes each way. Then the same paths with each object's
+    checksum (``payload`` bytes of each), both ways the connector makes it where it can: stripe CRCs from the
+    device (``kernels.triton_crc32c``: a store hashes what it staged, a load what crossed, read back before
+    writing) and from the host over the pinned objects (a store after its copies, a load before them, as for a
+    load whose chunks outgrow one scratch-full)."""
     import torch
 
+    from lmcache_platforms.connector import checksum
+    from lmcache_platforms.kernels import triton_crc32c
+
     hosts = [torch.empty(obj.numel(), dtype=torch.uint8, pin_memory=True) for obj in objects]
+    sync = _synchronizer(device)
 
     def store_to_host() -> None:
         store()
@@ -249,11 +258,51 @@ def _through_pinned_host(objects: list[torch.Tensor], store: Callable[[], None],
             obj.copy_(host, non_blocking=True)
         load()
 
-    pinned = torch.empty(payload, dtype=torch.uint8, pin_memory=True)
-    on_device = torch.empty(payload, dtype=torch.uint8, device=device)
-    return {"store_to_host": store_to_host, "load_from_host": load_from_host,
-            "pinned_d2h": lambda: pinned.copy_(on_device, non_blocking=True),
-            "pinned_h2d": lambda: on_device.copy_(pinned, non_blocking=True)}
+    pinned = torch.empty(moved, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.empty(moved, dtype=torch.uint8, device=device)
+    works: dict[str, Callable[[], object]] = {
+        "store_to_host": store_to_host, "load_from_host": load_from_host,
+        "pinned_d2h": lambda: pinned.copy_(on_device, non_blocking=True),
+        "pinned_h2d": lambda: on_device.copy_(pinned, non_blocking=True)}
+    if not checksum.stripes_are_crc32c() or not triton_crc32c.usable(device.type, device):
+        return works
+    nbytes = objects[0].numel()
+    staged = objects[0].as_strided((len(objects) * nbytes,), (1,))  # the objects side by side, as in the scratch
+    stripes = torch.empty((len(objects), -(-payload // checksum.STRIPE_BYTES)), dtype=torch.int32, pin_memory=True)
+
+    def verified(corrupt: list[int]) -> None:
+        if corrupt:
+            raise RuntimeError(f"bench: sealed objects {corrupt} failed their checksum")
+
+    def store_hashed_on_device() -> None:
+        store()
+        stripes.copy_(triton_crc32c.stripe_crcs(staged, len(objects), nbytes, payload), non_blocking=True)
+        for obj, host in zip(objects, hosts, strict=True):
+            host.copy_(obj, non_blocking=True)
+        sync()
+        checksum.seal(hosts, payload, stripes)
+
+    def load_checked_on_device() -> None:
+        for obj, host in zip(objects, hosts, strict=True):
+            obj.copy_(host, non_blocking=True)
+        stripes.copy_(triton_crc32c.stripe_crcs(staged, len(objects), nbytes, payload), non_blocking=True)
+        sync()
+        verified(checksum.mismatched(hosts, payload, stripes))
+        load()
+
+    def store_hashed_on_host() -> None:
+        store_to_host()
+        sync()
+        checksum.seal(hosts, payload)
+
+    def load_checked_on_host() -> None:
+        verified(checksum.mismatched(hosts, payload))
+        load_from_host()
+
+    store_hashed_on_device()  # sealed before the first load checks them
+    return {**works, "store_to_host_device_checksum": store_hashed_on_device,
+            "load_from_host_device_checksum": load_checked_on_device,
+            "store_to_host_host_checksum": store_hashed_on_host, "load_from_host_host_checksum": load_checked_on_host}
 
 
 def _checksummed(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
@@ -337,10 +386,22 @@ def measure(args: argparse.Namespace) -> dict:
         "checksum_GBps": moved / ours["checksum"] / GIB if "checksum" in ours else None,
         # Off CPU: the whole path to and from LMCache's pinned host objects, against a pinned copy each way.
         **_pinned_figures(ours, moved),
+        # Off CPU: the same paths with each object's checksum from the device or from the host, as extra time.
+        **_checksum_figures(ours),
         # On CUDA: GPU time alone (graph replay, no host launch cost), against a device copy timed the same way.
         **_gpu_figures(ours),
     }
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+
+
+def _checksum_figures(ours: dict) -> dict[str, float | None]:
+    """Off CPU: what each way of making the checksum adds to the whole path's time (0.1 = 10% longer)."""
+    out: dict[str, float | None] = {}
+    for way in ("device", "host"):
+        for path in ("store_to_host", "load_from_host"):
+            seconds = ours.get(f"{path}_{way}_checksum")
+            out[f"{path}_{way}_checksum_cost"] = seconds / ours[path] - 1 if seconds is not None else None
+    return out
 
 
 def _pinned_figures(ours: dict, moved: int) -> dict[str, float | None]:

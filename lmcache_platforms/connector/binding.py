@@ -15,6 +15,7 @@ import torch
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, Launch, layer_launches, layout_fingerprint
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
+from lmcache_platforms.kernels import triton_crc32c
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.registry import select_backend
 from lmcache_platforms.layout.kv_layout import KVLayout
@@ -99,6 +100,10 @@ class LayoutBinding:
         # where a test's fake runtime claims an accelerator for CPU tensors).
         staged = self.device.type != "cpu" or bool(platform.torch_module_name)
         self.scratch = {d: Scratch(self.device) for d in Direction} if staged else {}
+        on_device = triton_crc32c.usable(platform.name, self.device)
+        self.hashes_on_device = staged and on_device and checksum.stripes_are_crc32c()
+        """Whether whole staged chunks get their checksum's stripe CRCs from the device (``kernels.triton_crc32c``)
+        rather than from a pass over host memory."""
         # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
         # would cost more than the lookup saves.
         self._backends: dict[int, KernelBackend] = {
@@ -169,9 +174,10 @@ class LayoutBinding:
         return cut
 
     @staticmethod
-    def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> None:
-        """Write each stored object's checksum trailer; call once their bytes are in host memory."""
-        checksum.seal(hosts, fmt.payload_bytes)
+    def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor], stripes: torch.Tensor | None = None) -> None:
+        """Write each stored object's checksum trailer; call once their bytes are in host memory. ``stripes``:
+        their stripe CRCs as ``store_chunks`` returned them (computed on the device), if it did."""
+        checksum.seal(hosts, fmt.payload_bytes, stripes)
 
     @staticmethod
     def corrupt(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[int]:
@@ -179,22 +185,53 @@ class LayoutBinding:
         return checksum.mismatched(hosts, fmt.payload_bytes)
 
     def store_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     launches: Sequence[Launch] | None = None) -> None:
+                     launches: Sequence[Launch] | None = None) -> torch.Tensor | None:
         """Planes -> every object of ``hosts`` (the MemoryObjs' bytes; ``slots`` from ``chunk_slots``); call
         inside ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``).
         Staged through device scratch, each launch moves a scratch-full of chunks at once (see
-        ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object."""
-        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches)
+        ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object. Whole chunks staged on a GPU are
+        hashed there too: returns their stripe CRCs for ``seal`` (pinned host memory, final once the store stream
+        is finished), else None."""
+        stripes = self._stripes_on_device(fmt, len(hosts)) if launches is None else None
+        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches, stripes)
+        return stripes
 
     def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                    launches: Sequence[Launch] | None = None) -> None:
-        """Every object of ``hosts`` -> planes (``slots`` from ``chunk_slots``); call inside ``streams.loading()``.
-        ``launches`` as for ``store_chunks``. Staged through device scratch: each chunk's bytes cross first, then
-        each launch moves a scratch-full."""
-        self._move_chunks(fmt, hosts, slots, Direction.LOAD, launches)
+                    launches: Sequence[Launch]) -> None:
+        """One layer's pieces (``layer_launches``) of every object of ``hosts`` -> planes, the objects checked
+        already (``corrupt``); call inside ``streams.loading()``. Staged through device scratch: each chunk's
+        piece crosses first, then each launch moves a scratch-full."""
+        self._move_chunks(fmt, hosts, slots, Direction.LOAD, launches, None)
+
+    def load_verified(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
+                      slots: Mapping[int, torch.Tensor]) -> list[int]:
+        """Checks every object of ``hosts``, then loads them all whole; returns the indices of those whose bytes
+        do not match their checksum, and then nothing was written. Where the objects fit one scratch-full on a
+        GPU they are checked there, after crossing (the bus is slower than the device's hashing, the host's
+        memory no faster than it); elsewhere on the host first. Runs on the load stream itself."""
+        stripes = self._stripes_on_device(fmt, len(hosts)) if len(hosts) <= self._batch_chunks(fmt) else None
+        corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
+        if not corrupt:
+            with self.streams.loading():
+                corrupt = self._move_chunks(fmt, hosts, slots, Direction.LOAD, None, stripes)
+        return corrupt
+
+    def _stripes_on_device(self, fmt: ChunkFormat, objects: int) -> torch.Tensor | None:
+        """Pinned room for the stripe CRCs of ``objects`` staged objects, when the device hashes them."""
+        if not self.hashes_on_device or not triton_crc32c.aligned(fmt.payload_bytes):
+            return None
+        stripes = -(-fmt.payload_bytes // checksum.STRIPE_BYTES)
+        return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
+
+    @staticmethod
+    def _batch_chunks(fmt: ChunkFormat) -> int:
+        return next(batch_runs(1 << 30, fmt.payload_bytes))[1]
 
     def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     direction: Direction, launches: Sequence[Launch] | None) -> None:
+                     direction: Direction, launches: Sequence[Launch] | None,
+                     stripes: torch.Tensor | None) -> list[int]:
+        """Returns the corrupt objects' indices when a load checks ``stripes`` (before any launch); stores fill
+        them."""
         self._check_usable()
         moved = fmt.launches if launches is None else tuple(launches)
         if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
@@ -202,7 +239,7 @@ class LayoutBinding:
                 for launch in moved:
                     region = host[launch.offset : launch.offset + launch.nbytes]
                     self._transfer(launch, slots[launch.tg.group][index], region, direction)
-            return
+            return []
         size = fmt.payload_bytes
         # Whole chunks cross in one copy each; one layer's pieces each in their own.
         spans = [(0, size)] if launches is None else [(piece.offset, piece.offset + piece.nbytes) for piece in moved]
@@ -212,12 +249,22 @@ class LayoutBinding:
             if direction is Direction.LOAD:
                 for piece, host in pieces:
                     piece.copy_(host, non_blocking=True)
+                if stripes is not None:  # one scratch-full (load_verified): check it before the first write
+                    stripes.copy_(triton_crc32c.stripe_crcs(scratch, count, size, size), non_blocking=True)
+                    self.streams.wait_loads()
+                    corrupt = checksum.mismatched(hosts, size, stripes)
+                    if corrupt:
+                        return corrupt
             for launch in moved:
                 rows = slots[launch.tg.group][first : first + count]
                 self._transfer_chunks(launch, rows, scratch[launch.offset :], size, direction)
             if direction is Direction.STORE:
+                if stripes is not None:
+                    stripes[first : first + count].copy_(triton_crc32c.stripe_crcs(scratch, count, size, size),
+                                                         non_blocking=True)
                 for piece, host in pieces:
                     host.copy_(piece, non_blocking=True)
+        return []
 
     def _batches(self, fmt: ChunkFormat, chunks: int, direction: Direction) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(first chunk, chunk count, scratch holding them side by side) for the chunks of one call. One scratch

@@ -8,12 +8,14 @@ batch before the first byte is written into the KV cache.
 
 The checksum is the CRC-32C of the list of CRC-32Cs of the payload's 64 KiB stripes, computed by the native
 CPU library (``kernels.crc32c``: the crc32 instruction, three stripes at once) on as many threads as the kernels
-use. It was chosen by measurement (``lmcache-platforms bench --layout``; one thread on the CI machine: zlib's
-CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9, blake2b 0.9, the instruction about 20). Without the native library
-the stripes' CRC-32 (``zlib.crc32``, which releases the GIL too) stands in, under another format version: the
-two never read each other's objects. Either way a single flipped byte is always caught: its stripe's CRC
-changes, then the CRC over the stripe CRCs (a change within one 32-bit word). It is no defence against forged
-objects, which the key space does not protect against either.
+use, or, for chunks the connector stages on a GPU, by a Triton kernel there (``kernels.triton_crc32c``, the same
+values), so only the short list of stripe CRCs crosses to the host. It was chosen by measurement
+(``lmcache-platforms bench --layout``; one thread on the CI machine: zlib's CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9,
+blake2b 0.9, the instruction about 20). Without the native library the stripes' CRC-32 (``zlib.crc32``, which
+releases the GIL too) stands in, under another format version: the two never read each other's objects. Either
+way a single flipped byte is always caught: its stripe's CRC changes, then the CRC over the stripe CRCs (a change
+within one 32-bit word). It is no defence against forged objects, which the key space does not protect against
+either.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ TRAILER_BYTES = 8
 STRIPE_BYTES = 64 << 10
 _MARK = b"LMCk"
 _TRAILER = struct.Struct("<I4s")
+
+
+def stripes_are_crc32c() -> bool:
+    """Whether stripes are hashed with CRC-32C (the native library is built), which the GPU kernel computes too."""
+    return native() is not None
 
 
 def format_version() -> str:
@@ -68,12 +75,17 @@ def _runs(objects: int, count: int, workers: int) -> list[list[tuple[int, int, i
     return out
 
 
-def checksums(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[int]:
-    """The checksum of the first ``payload_bytes`` of each flat uint8 tensor."""
+def checksums(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:
+    """The checksum of the first ``payload_bytes`` of each flat uint8 tensor; ``stripes``: their stripe CRC-32Cs
+    (``[objects, stripes]`` int32, host memory) where the device computed them already."""
+    lib = native()
+    if stripes is not None:
+        if lib is None:
+            raise RuntimeError("stripe CRC-32Cs were given but this process hashes stripes with zlib's CRC-32")
+        return [lib.crc(row.data_ptr(), 4 * row.numel()) for row in stripes.contiguous()]
     hosts = [_host(flat) for flat in flats]
     count = max(1, -(-payload_bytes // STRIPE_BYTES))
     crcs = torch.empty((len(hosts), count), dtype=torch.int32)
-    lib = native()
 
     def work(runs: list[tuple[int, int, int]]) -> None:
         for index, first, last in runs:
@@ -101,16 +113,18 @@ def trailer(checksum: int) -> bytes:
     return _TRAILER.pack(checksum, _MARK)
 
 
-def seal(flats: Sequence[torch.Tensor], payload_bytes: int) -> None:
-    """Write each object's trailer right after its payload (the objects' bytes must be final)."""
-    for flat, checksum in zip(flats, checksums(flats, payload_bytes), strict=True):
+def seal(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> None:
+    """Write each object's trailer right after its payload (the objects' bytes must be final; ``stripes`` as for
+    ``checksums``)."""
+    for flat, checksum in zip(flats, checksums(flats, payload_bytes, stripes), strict=True):
         data = torch.frombuffer(bytearray(trailer(checksum)), dtype=torch.uint8)
         flat[payload_bytes : payload_bytes + TRAILER_BYTES].copy_(data)
 
 
-def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[int]:
-    """Indices of the objects whose trailer does not match their payload (a missing trailer never does)."""
-    expected = checksums(flats, payload_bytes)
+def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:
+    """Indices of the objects whose trailer does not match their payload (a missing trailer never does;
+    ``stripes`` as for ``checksums``)."""
+    expected = checksums(flats, payload_bytes, stripes)
     out = []
     for index, (flat, checksum) in enumerate(zip(flats, expected, strict=True)):
         stored = _host(flat[payload_bytes : payload_bytes + TRAILER_BYTES])

@@ -84,10 +84,10 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
         for step, fmt in enumerate(self.formats):
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs[step], starts, ends, strict=True)]
             with binding.streams.storing():
-                binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
+                stripes = binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
             yield
             binding.streams.finish_store()
-            binding.seal(fmt, hosts)
+            binding.seal(fmt, hosts, stripes)
             binding.counters.count_groups(fmt, len(hosts), stored=True)
         binding.counters.chunks_stored += len(starts)
         yield
@@ -102,12 +102,10 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             if sync and step:
                 binding.streams.mark_loaded()
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
-            corrupt = binding.corrupt(fmt, hosts)
+            corrupt = binding.load_verified(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
             if corrupt:
                 raise ChecksumMismatch(f"layerwise step {step}: the stored objects of chunks "
                                        f"{[(starts[i], ends[i]) for i in corrupt]} fail their checksum")
-            with binding.streams.loading():
-                binding.load_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
             binding.counters.count_groups(fmt, len(hosts), stored=False)
         yield
         binding.streams.finish_load()

@@ -106,9 +106,10 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
         gate: LayerGate | None = kwargs.get(LAYER_GATE)
         slots = binding.chunk_slots(fmt, block_ids, starts, ends)
+        stripes = None
         with binding.streams.storing():
             if gate is None:
-                binding.store_chunks(fmt, hosts, slots)
+                stripes = binding.store_chunks(fmt, hosts, slots)
             else:
                 cut = dict(binding.layer_launches(fmt))
                 for layer, event in gate.as_marked(list(cut)):
@@ -116,7 +117,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                     binding.store_chunks(fmt, hosts, slots, cut[layer])
                     binding.counters.layers_stored += 1
         binding.streams.finish_store()
-        binding.seal(fmt, hosts)
+        binding.seal(fmt, hosts, stripes)
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
         binding.counters.count_groups(fmt, len(hosts), stored=True)
@@ -135,21 +136,22 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             # references to every chunk instead of leaking them when this raised out of it. So does the checksum
             # check, of every object before the first write: a corrupt one leaves the KV cache untouched.
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
-            corrupt = binding.corrupt(fmt, hosts)
+            slots = binding.chunk_slots(fmt, block_ids, starts, ends)
+            if gate is None:
+                corrupt = binding.load_verified(fmt, hosts, slots)
+            else:
+                corrupt = binding.corrupt(fmt, hosts)
+                if not corrupt:
+                    with binding.streams.loading():
+                        gate.begin_pass()
+                        for layer, launches in binding.layer_launches(fmt):
+                            binding.load_chunks(fmt, hosts, slots, launches)
+                            gate.mark(layer, binding.streams.load_event())
+                            binding.counters.layers_loaded += 1
             if corrupt:
                 binding.counters.objects_corrupt += len(corrupt)
                 report_corrupt([(starts[i], ends[i]) for i in corrupt])
                 return
-            slots = binding.chunk_slots(fmt, block_ids, starts, ends)
-            with binding.streams.loading():
-                if gate is None:
-                    binding.load_chunks(fmt, hosts, slots)
-                else:
-                    gate.begin_pass()
-                    for layer, launches in binding.layer_launches(fmt):
-                        binding.load_chunks(fmt, hosts, slots, launches)
-                        gate.mark(layer, binding.streams.load_event())
-                        binding.counters.layers_loaded += 1
             binding.streams.finish_load()
             binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
             binding.counters.bytes_loaded += len(hosts) * fmt.nbytes

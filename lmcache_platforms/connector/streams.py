@@ -72,6 +72,11 @@ class TransferStreams:
         if self.store_stream is not None:
             self.store_stream.synchronize()
 
+    def wait_loads(self) -> None:
+        """Block until what the load stream queued so far is done (its bytes may be read on the host)."""
+        if self.load_stream is not None:
+            self.load_stream.synchronize()
+
     def mark_loaded(self) -> None:
         """Make the compute stream wait for what the load stream queued (one layer, or everything)."""
         self.compute_after(self.load_event())

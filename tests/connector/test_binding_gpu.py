@@ -1,7 +1,8 @@
 """The connector's transfer path on a GPU, as it runs under LMCache: the kernels into a device scratch buffer on
 the transfer stream (one launch per transfer group for the whole batch of chunks), one copy per chunk to pinned
 host memory (LMCache's MemoryObjs), and back; whole chunks and layer by layer; bit-exact with the stored rows,
-nothing else written. What ``make device-check`` adds to the kernel tests; CI has no GPU and skips.
+nothing else written; whole chunks hashed on the device to the host's checksum, a corrupt one refused before
+any row is written. What ``make device-check`` adds to the kernel tests; CI has no GPU and skips.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmcache_platforms.connector import binding as binding_module
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.layout.files import load_layout_spec
@@ -33,17 +35,22 @@ def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bo
     steps = [launches for _, launches in binding.layer_launches(fmt)] if by_layer else [None]
     with binding.streams.storing():
         slots = binding.chunk_slots(fmt, request.store_ids, starts, ends)
-        for launches in steps:
-            binding.store_chunks(fmt, hosts, slots, launches)
+        stripes = [binding.store_chunks(fmt, hosts, slots, launches) for launches in steps]
     binding.streams.finish_store()
+    assert (stripes[0] is not None) == (binding.hashes_on_device and not by_layer)
+    binding.seal(fmt, hosts, stripes[0])
+    assert binding.corrupt(fmt, hosts) == [], "the device's stripe CRCs are the host's"
     stored = roundtrip.snapshot(layout, request)
     if plant_fault:
         hosts[-1][fmt.payload_bytes // 2] ^= 0xFF
     roundtrip.zero_planes(layout)
-    with binding.streams.loading():
-        slots = binding.chunk_slots(fmt, request.load_ids, starts, ends)
-        for launches in steps:
-            binding.load_chunks(fmt, hosts, slots, launches)
+    slots = binding.chunk_slots(fmt, request.load_ids, starts, ends)
+    if by_layer:
+        with binding.streams.loading():
+            for launches in steps:
+                binding.load_chunks(fmt, hosts, slots, launches)
+    else:
+        assert binding.load_verified(fmt, hosts, slots) == ([len(hosts) - 1] if plant_fault else [])
     binding.streams.finish_load()
     assert binding.backend_names == ["triton"]
     return roundtrip.verify(layout, request, stored, request.stored_tokens)
@@ -65,7 +72,20 @@ def test_chunks_moved_layer_by_layer_come_back_bit_exact(layout_name):
     assert verdict.rows_checked > 0
 
 
-def test_negative_control_one_flipped_host_byte_is_seen():
+@pytest.mark.parametrize("scratch_bytes", [binding_module.BATCH_SCRATCH_BYTES, 1], ids=["one-batch", "a-chunk-each"])
+def test_one_flipped_host_byte_is_refused_before_any_row_is_written(scratch_bytes, monkeypatch):
+    """Checked on the device where the chunks fit one scratch-full, on the host before any copy where they do
+    not (a scratch that holds one chunk at a time): either way nothing is written, so every stored row reads
+    back as the zeros the planes were wiped to."""
+    monkeypatch.setattr(binding_module, "BATCH_SCRATCH_BYTES", scratch_bytes)
     verdict = _store_and_load("gemma3", "bundled", plant_fault=True)
+    assert not verdict.bit_exact
+    assert verdict.mismatched_rows == verdict.rows_checked > 0, verdict.problems
+
+
+def test_negative_control_one_flipped_byte_past_the_check_is_seen():
+    """The byte flipped after the load's check (by layer, checked by no one here) reaches the planes, and the
+    compare sees exactly its row."""
+    verdict = _store_and_load("gemma3", "bundled", plant_fault=True, by_layer=True)
     assert not verdict.bit_exact
     assert verdict.mismatched_rows == 1, verdict.problems

@@ -67,14 +67,15 @@ def test_moving_layer_by_layer_in_any_order_moves_the_paged_bytes(spec, mode, rn
     store_slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
     load_slots = binding.chunk_slots(fmt, request.load_ids, *zip(*bounds, strict=True))
     whole = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
-    binding.store_chunks(fmt, whole, store_slots)
+    binding.seal(fmt, whole, binding.store_chunks(fmt, whole, store_slots))
     by_layer = [torch.zeros_like(host) for host in whole]
     for _, launches in cut:
         binding.store_chunks(fmt, by_layer, store_slots, launches)
+    binding.seal(fmt, by_layer)
     assert all(torch.equal(a, b) for a, b in zip(by_layer, whole, strict=True))
 
     roundtrip.zero_planes(layout)
-    binding.load_chunks(fmt, whole, load_slots)
+    assert binding.load_verified(fmt, whole, load_slots) == []
     expected = _planes(layout)
     roundtrip.zero_planes(layout)
     for _, launches in cut:

@@ -110,6 +110,35 @@ def test_compiles_for_amd_mi300_moving_each_piece_in_unit_accesses(triton, unit,
     assert accesses == [("load", AMD_LOAD[unit])] * per_thread + [("store", AMD_STORE[unit])] * per_thread
 
 
+CRC_SIGNATURE = {"words_ptr": "*i32", "out_ptr": "*i32", "tables_ptr": "*i32", "columns_ptr": "*i32",
+                 "object_words": "i32", "payload_words": "i32", "stripes": "i32", "share_full": "i32",
+                 "share_last": "i32", "LANES": "constexpr", "LANE_WORDS": "constexpr"}
+
+
+@pytest.mark.parametrize("target", [*(("cuda", cap, 32) for cap in sorted(CUDA_TARGETS)), ("hip", AMD_ARCH, 64)],
+                         ids=lambda t: f"{t[0]}-{t[1]}")
+def test_the_stripe_crc_kernel_compiles_for_each_gpu(triton, target):
+    """The chunk checksum's GPU kernel (``kernels.triton_crc32c``): a code object for each target, and on NVIDIA
+    its stripe read as masked 32-bit loads."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lmcache_platforms.kernels import triton_crc32c
+
+    backend_or_missing(triton, "nvidia" if target[0] == "cuda" else "amd")
+    triton_crc32c._kernel.cache_clear()
+    constants = {"LANES": triton_crc32c.LANES, "LANE_WORDS": triton_crc32c.LANE_WORDS}
+    source = ASTSource(triton_crc32c._kernel(), CRC_SIGNATURE, constexprs=constants,
+                       attrs={(i,): [["tt.divisibility", 16]] for i in range(4)})
+    compiled = triton.compile(source, target=GPUTarget(*target))
+    triton_crc32c._kernel.cache_clear()
+    if target[0] == "hip":
+        assert compiled.asm["hsaco"], "the AMD back end produced no code object"
+        return
+    assert compiled.asm["cubin"], "ptxas produced no cubin"
+    assert "b32" in ptx_accesses(compiled.asm["ptx"])["masked ld"]
+
+
 def test_the_ptx_check_sees_vector_accesses_where_the_compiler_emits_them(triton):
     """Negative control: a copy whose pointers the compiler knows to be 16-byte aligned and contiguous is
     vectorized, and the same reading reports ``v4.b32``, so the transfer's single-unit accesses are what it

@@ -65,3 +65,37 @@ def test_every_unit_and_multi_piece_rows_on_the_gpu(unit, block):
     assert triton_backend.transfer_unit(planes, 0) == unit
     assert_store_matches_torch(backend, planes, slots, unit)
     assert_load_matches_torch(backend, planes, slots, unit)
+
+
+@settings(max_examples=20, deadline=None)
+@given(objects=st.integers(1, 16), payload_words=st.integers(1, 600_000), gap_words=st.integers(0, 64),
+       seed=st.integers(0, 2**31))
+def test_stripe_crcs_on_the_gpu_match_the_native_crc(objects, payload_words, gap_words, seed):
+    """The chunk checksum's GPU kernel (``kernels.triton_crc32c``) against the native CRC-32C, up to 16 objects
+    of up to 2.4 MB side by side; then one flipped bit changes exactly its stripe's value."""
+    from lmcache_platforms.kernels import triton_crc32c
+    from lmcache_platforms.kernels.crc32c import native
+
+    lib = native()
+    if lib is None:
+        pytest.skip("the native CPU library is not built: nothing to compare the GPU's CRC-32C with")
+    assert DEVICE is not None
+    payload, stride = 4 * payload_words, 4 * (payload_words + gap_words)
+    host = torch.randint(0, 256, ((objects - 1) * stride + payload,), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(seed))
+    stripes = -(-payload // triton_crc32c.STRIPE_BYTES)
+
+    def native_stripes() -> torch.Tensor:
+        out = torch.zeros((objects, stripes), dtype=torch.int32)
+        for index in range(objects):
+            lib.stripes(host.data_ptr() + index * stride, payload, triton_crc32c.STRIPE_BYTES, 0, stripes,
+                        out[index].data_ptr())
+        return out
+
+    before = triton_crc32c.stripe_crcs(host.to(DEVICE), objects, stride, payload).cpu()
+    assert torch.equal(before, native_stripes())
+    where = seed % payload + (objects - 1) * stride
+    host[where] ^= 1 << (seed % 8)
+    after = triton_crc32c.stripe_crcs(host.to(DEVICE), objects, stride, payload).cpu()
+    assert torch.equal(after, native_stripes())
+    assert (before != after).nonzero().tolist() == [[objects - 1, (where - (objects - 1) * stride) // (64 << 10)]]

@@ -250,3 +250,58 @@ def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_
                         load))], ("exit", load), ("record", records[-1], load), ("wait_event", "default",
                         records[-1]), ("stream_synchronize", load)]
     assert forward_log == [("wait_event", "default", event) for event in records[:-1]]
+
+
+@pytest.fixture
+def xpu_with_triton(monkeypatch) -> Iterator[FakeDeviceRuntime]:
+    """The fake XPU, with Triton's interpreter on: the connector hashes what it stages with the GPU kernel."""
+    pytest.importorskip("triton")
+    from lmcache_platforms.kernels import triton_crc32c
+
+    runtime = FakeDeviceRuntime(1, "fake accelerator")
+    platform = xpu_platform.XpuPlatform()
+    platform._module = lambda: runtime  # type: ignore[method-assign]
+    monkeypatch.setattr(binding_module, "platform_for", lambda device: platform)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    triton_crc32c._kernel.cache_clear()
+    yield runtime
+    triton_crc32c._kernel.cache_clear()
+
+
+def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing(xpu_with_triton) -> None:
+    """Store: the stripe CRCs cross from the device with the chunks, on the store stream, and seal them as the
+    host would. Load: the chunks cross, their CRCs are computed and read back (the load stream synchronized)
+    BEFORE the kernels write the KV cache; a flipped byte is refused there, nothing written."""
+    runtime = xpu_with_triton
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
+    request = roundtrip.make_request(layout, 128, seed=2)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        binding = engine.connector.binding
+        assert binding.hashes_on_device
+        store, load = engine.connector.store_stream.name, engine.connector.load_stream.name
+        store_log, load_log, verdict = _watched_round_trip(layout, request, engine, runtime)
+        assert verdict.bit_exact, verdict.problems
+        hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+        fmt = engine.connector.fmt
+        objects = [obj.tensor.reshape(-1).view(torch.uint8) for obj in hot.values()]
+        assert len(objects) == 2 and binding.corrupt(fmt, objects) == [], "sealed as the host hashes them"
+        objects[1][fmt.payload_bytes // 3] ^= 0x5A
+        roundtrip.zero_planes(layout)
+        runtime.log.clear()
+        with runtime.watching(tagger(layout, engine)):
+            assert engine.retrieve(request.tokens, request.load_ids) == 0
+            refused = device_steps(runtime.log)
+        assert not any(p.storage.any() for p in roundtrip.all_planes(layout))
+        assert binding.counters.objects_corrupt == 1
+    # The CRC kernel reads the scratch and writes nothing tagged; Triton's interpreter then copies the argument it
+    # read back into place (a blocking copy of the scratch onto itself), a step a GPU does not have.
+    gather_and_hash = ("kernel", store, frozenset({"kv", "scratch.store"}), frozenset({"scratch.store"}))
+    copy_out = ("copy", store, "scratch.store", "host", True)
+    assert store_log[2:6] == [gather_and_hash, ("copy", store, "scratch.store", "scratch.store", False), copy_out,
+                              copy_out]
+    copy_in, scatter = ("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")
+    checked = [("enter", load), copy_in, copy_in, ("kernel", load, frozenset({"scratch.load"}), frozenset()),
+               ("copy", load, "scratch.load", "scratch.load", False), ("stream_synchronize", load)]
+    assert load_log[:7] == [*checked, scatter]
+    assert refused == [*checked, ("exit", load)]
