@@ -205,11 +205,13 @@ class LayoutBinding:
 
     def load_verified(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                       slots: Mapping[int, torch.Tensor]) -> list[int]:
-        """Checks every object of ``hosts``, then loads them all whole; returns the indices of those whose bytes
-        do not match their checksum, and then nothing was written. Where the objects fit one scratch-full on a
-        GPU they are checked there, after crossing (the bus is slower than the device's hashing, the host's
-        memory no faster than it); elsewhere on the host first. Runs on the load stream itself."""
-        stripes = self._stripes_on_device(fmt, len(hosts)) if len(hosts) <= self._batch_chunks(fmt) else None
+        """Checks the objects of ``hosts`` and loads them whole; returns the indices of those whose bytes do not
+        match their checksum, none of which was written. On the host every object is checked before the first
+        launch, so a mismatch writes nothing. Staged on a GPU each scratch-full is checked there once it has
+        crossed, before its own launches (the device hashes far faster than the bus moves, and a host pass in a
+        vLLM worker runs on one thread): a mismatch stops the load at its scratch-full, after the verified ones
+        before it were written, which the failed load's recompute overwrites. Runs on the load stream itself."""
+        stripes = self._stripes_on_device(fmt, len(hosts))
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:
             with self.streams.loading():
@@ -222,10 +224,6 @@ class LayoutBinding:
             return None
         stripes = -(-fmt.payload_bytes // checksum.STRIPE_BYTES)
         return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
-
-    @staticmethod
-    def _batch_chunks(fmt: ChunkFormat) -> int:
-        return next(batch_runs(1 << 30, fmt.payload_bytes))[1]
 
     def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
                      direction: Direction, launches: Sequence[Launch] | None,
@@ -249,12 +247,13 @@ class LayoutBinding:
             if direction is Direction.LOAD:
                 for piece, host in pieces:
                     piece.copy_(host, non_blocking=True)
-                if stripes is not None:  # one scratch-full (load_verified): check it before the first write
-                    stripes.copy_(triton_crc32c.stripe_crcs(scratch, count, size, size), non_blocking=True)
+                if stripes is not None:  # load_verified: this scratch-full checked before its own writes
+                    ours = stripes[first : first + count]
+                    ours.copy_(triton_crc32c.stripe_crcs(scratch, count, size, size), non_blocking=True)
                     self.streams.wait_loads()
-                    corrupt = checksum.mismatched(hosts, size, stripes)
+                    corrupt = checksum.mismatched(hosts[first : first + count], size, ours)
                     if corrupt:
-                        return corrupt
+                        return [first + index for index in corrupt]
             for launch in moved:
                 rows = slots[launch.tg.group][first : first + count]
                 self._transfer_chunks(launch, rows, scratch[launch.offset :], size, direction)

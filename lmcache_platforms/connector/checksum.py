@@ -3,8 +3,8 @@
 LMCache 0.5.6's objects carry none: a remote value overwritten with bytes of the right length used to load as
 a hit. Each object (a chunk, a chunk part, a layerwise step) ends its payload with an 8-byte trailer, the
 checksum (little-endian) and a 4-byte mark, inside the padding the chunk format has anyway (``chunk_format``
-makes room for it). The store writes it once the rows are in host memory; a load checks every object of the
-batch before the first byte is written into the KV cache.
+makes room for it). The store writes it once the rows are in host memory; a load checks every object before a
+byte of it is written into the KV cache (``LayoutBinding.load_verified`` says in which order).
 
 The checksum is the CRC-32C of the list of CRC-32Cs of the payload's 64 KiB stripes, computed by the native
 CPU library (``kernels.crc32c``: the crc32 instruction, three stripes at once) on as many threads as the kernels

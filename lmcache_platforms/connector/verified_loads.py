@@ -1,12 +1,13 @@
 """What a load does with a chunk object whose checksum does not match (``connector.checksum``).
 
-The GPU connector checks every object of a batch before it writes any byte into the KV cache; if one fails,
-it writes nothing and calls ``report_corrupt``. It does not know the objects' keys (LMCache hands it bare
+The GPU connector checks every object before a byte of it reaches the KV cache (all of a batch first on the
+host; on a GPU a scratch-full at a time, ``LayoutBinding.load_verified``); if one fails, it writes nothing more
+and calls ``report_corrupt``. It does not know the objects' keys (LMCache hands it bare
 MemoryObjs), so ``verified_retrieve`` wraps the engine instance's ``retrieve``: a call that met a
 corrupt object returns an all-false mask (no token arrived: vLLM's integration reports the load failed and
 recomputes), logs each bad object with its key, and removes it from every LMCache tier so the next lookup
 misses instead of failing again. Outside that wrapper (layerwise loads, a caller of the bare engine) a
-mismatch raises ``ChecksumMismatch``: still nothing written, never silently loaded.
+mismatch raises ``ChecksumMismatch``: nothing of the corrupt object written, never silently loaded.
 
 ``instance_adapter.adapt_engine`` installs it innermost: each part's retrieve goes through it.
 """

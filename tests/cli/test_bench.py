@@ -43,10 +43,13 @@ def test_json_result(name, upstream, capsys):
     assert result["checksum_store_cost"] > -1 and result["checksum_load_cost"] > -1
     assert (result["upstream_store_x_memcpy"] is not None) is upstream
     assert (result["upstream_format"] == "NL_X_NB_TWO_BS_NH_HS") is upstream
-    # The path through pinned host memory exists only where the KV cache is on an accelerator.
+    # The path through pinned host memory, with either way of making the checksum, exists only where the KV
+    # cache is on an accelerator.
     assert {k: v for k, v in result.items() if "pinned" in k or "host" in k} == dict.fromkeys(
         ("pinned_d2h_GBps", "pinned_h2d_GBps", "store_to_host_GBps", "load_from_host_GBps",
-         "store_to_host_x_pinned_copy", "load_from_host_x_pinned_copy"))
+         "store_to_host_x_pinned_copy", "load_from_host_x_pinned_copy", "store_to_host_device_checksum_cost",
+         "load_from_host_device_checksum_cost", "store_to_host_host_checksum_cost",
+         "load_from_host_host_checksum_cost"))
     # So does the GPU time alone (CUDA graph replay).
     assert {k: v for k, v in result.items() if k.startswith("gpu_")} == dict.fromkeys(
         ("gpu_store_x_device_copy", "gpu_load_x_device_copy"))

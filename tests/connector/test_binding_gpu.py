@@ -21,7 +21,8 @@ from tests.kernels.test_triton_gpu import DEVICE, NO_GPU
 pytestmark = pytest.mark.skipif(DEVICE is None, reason=NO_GPU)
 
 
-def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bool = False) -> roundtrip.Verdict:
+def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bool = False,
+                    fault_chunk: int = -1) -> roundtrip.Verdict:
     assert DEVICE is not None
     spec = load_layout_spec(layout_name)
     layout = materialize(spec, mode, device=DEVICE, seed=1)
@@ -42,7 +43,7 @@ def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bo
     assert binding.corrupt(fmt, hosts) == [], "the device's stripe CRCs are the host's"
     stored = roundtrip.snapshot(layout, request)
     if plant_fault:
-        hosts[-1][fmt.payload_bytes // 2] ^= 0xFF
+        hosts[fault_chunk][fmt.payload_bytes // 2] ^= 0xFF
     roundtrip.zero_planes(layout)
     slots = binding.chunk_slots(fmt, request.load_ids, starts, ends)
     if by_layer:
@@ -50,7 +51,7 @@ def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bo
             for launches in steps:
                 binding.load_chunks(fmt, hosts, slots, launches)
     else:
-        assert binding.load_verified(fmt, hosts, slots) == ([len(hosts) - 1] if plant_fault else [])
+        assert binding.load_verified(fmt, hosts, slots) == ([fault_chunk % len(hosts)] if plant_fault else [])
     binding.streams.finish_load()
     assert binding.backend_names == ["triton"]
     return roundtrip.verify(layout, request, stored, request.stored_tokens)
@@ -73,14 +74,18 @@ def test_chunks_moved_layer_by_layer_come_back_bit_exact(layout_name):
 
 
 @pytest.mark.parametrize("scratch_bytes", [binding_module.BATCH_SCRATCH_BYTES, 1], ids=["one-batch", "a-chunk-each"])
-def test_one_flipped_host_byte_is_refused_before_any_row_is_written(scratch_bytes, monkeypatch):
-    """Checked on the device where the chunks fit one scratch-full, on the host before any copy where they do
-    not (a scratch that holds one chunk at a time): either way nothing is written, so every stored row reads
-    back as the zeros the planes were wiped to."""
+@pytest.mark.parametrize("fault_chunk", [0, -1], ids=["first", "last"])
+def test_a_flipped_host_byte_is_refused_before_its_rows_are_written(scratch_bytes, fault_chunk, monkeypatch):
+    """Each scratch-full is checked on the device before its own launches: with every chunk in one, or the
+    corrupt chunk first, nothing is written (every stored row reads back as the zeros the planes were wiped to);
+    with a chunk per scratch-full and the corrupt one last, the verified chunks before it are written, it is not."""
     monkeypatch.setattr(binding_module, "BATCH_SCRATCH_BYTES", scratch_bytes)
-    verdict = _store_and_load("gemma3", "bundled", plant_fault=True)
+    verdict = _store_and_load("gemma3", "bundled", plant_fault=True, fault_chunk=fault_chunk)
     assert not verdict.bit_exact
-    assert verdict.mismatched_rows == verdict.rows_checked > 0, verdict.problems
+    if scratch_bytes > 1 or fault_chunk == 0:
+        assert verdict.mismatched_rows == verdict.rows_checked > 0, verdict.problems
+    else:
+        assert 0 < verdict.mismatched_rows < verdict.rows_checked, verdict.problems
 
 
 def test_negative_control_one_flipped_byte_past_the_check_is_seen():

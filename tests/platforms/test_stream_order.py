@@ -305,3 +305,31 @@ def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing
                ("copy", load, "scratch.load", "scratch.load", False), ("stream_synchronize", load)]
     assert load_log[:7] == [*checked, scatter]
     assert refused == [*checked, ("exit", load)]
+
+
+def test_each_scratch_full_is_checked_before_its_own_writes(xpu_with_triton, monkeypatch) -> None:
+    """A chunk per scratch-full and the second chunk's object corrupt: the first is checked then written, the
+    second checked and refused with nothing of it written (vLLM recomputes the failed load, the first included)."""
+    runtime = xpu_with_triton
+    monkeypatch.setattr(binding_module, "BATCH_SCRATCH_BYTES", 1)
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
+    request = roundtrip.make_request(layout, 128, seed=2)
+    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        load = engine.connector.load_stream.name
+        engine.store(request.tokens, request.store_ids)
+        keys = [key for _, _, key in engine.engine.token_database.process_tokens(
+            tokens=torch.tensor(request.tokens), request_configs=engine.tags)]
+        hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+        assert len(keys) == 2
+        hot[keys[1]].tensor.reshape(-1).view(torch.uint8)[engine.connector.fmt.payload_bytes // 3] ^= 0x5A
+        roundtrip.zero_planes(layout)
+        with runtime.watching(tagger(layout, engine)):
+            runtime.log.clear()
+            assert engine.retrieve(request.tokens, request.load_ids) == 0
+            refused = device_steps(runtime.log)
+        assert any(p.storage.any() for p in roundtrip.all_planes(layout)), "the verified first chunk was written"
+        assert engine.connector.binding.counters.objects_corrupt == 1
+    checked = [("copy", load, "host", "scratch.load", True), ("kernel", load, frozenset({"scratch.load"}), frozenset()),
+               ("copy", load, "scratch.load", "scratch.load", False), ("stream_synchronize", load)]
+    assert refused == [("enter", load), *checked, kernel(load, "scratch.load", "kv"), *checked, ("exit", load)]
