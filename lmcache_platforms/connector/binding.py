@@ -19,6 +19,9 @@ from lmcache_platforms.kernels import triton_crc32c
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.registry import select_backend
 from lmcache_platforms.layout.kv_layout import KVLayout
+from lmcache_platforms.log import init_logger
+
+logger = init_logger(__name__)
 
 # Device scratch a batch of chunks is staged through (per direction): each launch moves as many chunks as fit,
 # at least one. vLLM sized its KV cache without it, so it stays small next to GPU memory.
@@ -100,8 +103,7 @@ class LayoutBinding:
         # where a test's fake runtime claims an accelerator for CPU tensors).
         staged = self.device.type != "cpu" or bool(platform.torch_module_name)
         self.scratch = {d: Scratch(self.device) for d in Direction} if staged else {}
-        on_device = triton_crc32c.usable(platform.name, self.device)
-        self.hashes_on_device = staged and on_device and checksum.stripes_are_crc32c()
+        self.hashes_on_device = staged and self._device_hashing_works(platform.name)
         """Whether whole staged chunks get their checksum's stripe CRCs from the device (``kernels.triton_crc32c``)
         rather than from a pass over host memory."""
         # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
@@ -118,6 +120,16 @@ class LayoutBinding:
         self.counters = TransferCounters()
         # Why the planes' memory may not be touched now (vLLM's sleep mode unmaps it); None: it may.
         self.released: str | None = None
+
+    def _device_hashing_works(self, platform: str) -> bool:
+        """Whether the device can hash chunks: Triton there, CRC-32C stripes here, and the kernel, built and run
+        once on the device, agreeing with the host (else a warning, and the host hashes)."""
+        if not triton_crc32c.usable(platform, self.device) or not checksum.stripes_are_crc32c():
+            return False
+        problem = triton_crc32c.self_check(self.device)
+        if problem is not None:
+            logger.warning("chunk checksums are computed on the host, not on %s: %s", self.device, problem)
+        return problem is None
 
     def release(self, why: str) -> None:
         """Refuse every transfer from now on, then wait for the copies already queued on the transfer streams:

@@ -173,3 +173,26 @@ def stripe_crcs(buffer: torch.Tensor, objects: int, object_bytes: int, payload_b
                                   _signed(start_share(STRIPE_BYTES)), _signed(start_share(last)), LANES=LANES,
                                   LANE_WORDS=LANE_WORDS)
     return out
+
+
+def self_check(device: torch.device) -> str | None:
+    """Hash two objects (a whole stripe and a short one each) on ``device`` and compare with the native CRC-32C:
+    None when they agree, else why not (the kernel failed to build or run there, or computed other values)."""
+    from lmcache_platforms.kernels.crc32c import native
+
+    lib = native()
+    if lib is None:
+        return "the native CPU library is not built: nothing to compare with"
+    payload, stride = STRIPE_BYTES + 12, STRIPE_BYTES + 16
+    host = torch.randint(0, 256, (stride + payload,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    expected = torch.zeros((2, 2), dtype=torch.int32)
+    for index in range(2):
+        lib.stripes(host.data_ptr() + index * stride, payload, STRIPE_BYTES, 0, 2, expected[index].data_ptr())
+    try:
+        got = stripe_crcs(host.to(device), 2, stride, payload).cpu()
+    except Exception as exc:  # noqa: BLE001 - any failure to build or run the kernel means "hash on the host"
+        return f"the kernel failed on {device}: {type(exc).__name__}: {exc}"
+    if not torch.equal(got, expected):
+        return f"the kernel computed {got.tolist()} on {device} where the native CRC-32C gives {expected.tolist()}"
+    return None
+

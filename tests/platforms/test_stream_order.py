@@ -333,3 +333,33 @@ def test_each_scratch_full_is_checked_before_its_own_writes(xpu_with_triton, mon
     checked = [("copy", load, "host", "scratch.load", True), ("kernel", load, frozenset({"scratch.load"}), frozenset()),
                ("copy", load, "scratch.load", "scratch.load", False), ("stream_synchronize", load)]
     assert refused == [("enter", load), *checked, kernel(load, "scratch.load", "kv"), *checked, ("exit", load)]
+
+
+@pytest.mark.parametrize("fault", ["wrong values", "kernel error"])
+def test_a_device_whose_hashes_disagree_leaves_them_to_the_host(xpu_with_triton, monkeypatch, caplog, fault) -> None:
+    """The binding builds and runs the kernel once on the device against the native CRC-32C: if it fails there or
+    computes other values, one warning says so and the host hashes every chunk."""
+    import logging
+
+    from lmcache_platforms.kernels import triton_crc32c
+
+    real = triton_crc32c.stripe_crcs
+
+    def planted(*args: Any) -> torch.Tensor:
+        if fault == "kernel error":
+            raise RuntimeError("no kernel image for this device")
+        return real(*args) ^ 1
+
+    monkeypatch.setattr(triton_crc32c, "stripe_crcs", planted)
+    layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
+    logger = logging.getLogger("lmcache_platforms")
+    logger.addHandler(caplog.handler)
+    try:
+        binding = binding_module.LayoutBinding(layout, [paged_format(layout)], "torch")
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert not binding.hashes_on_device
+    why = ("RuntimeError: no kernel image for this device" if fault == "kernel error" else
+           "the native CRC-32C gives")
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warning.startswith("chunk checksums are computed on the host, not on cpu: ") and why in warning
