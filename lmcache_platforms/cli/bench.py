@@ -221,7 +221,8 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
         works.update(_checksummed(objects, store, load, moved))
     else:
-        works.update(_through_pinned_host(objects, store, load, moved, device, paged_format(layout).payload_bytes))
+        works.update(_through_pinned_host(objects, store, load, moved, device, sync,
+                                          paged_format(layout).payload_bytes))
     works.update({name: work for name, (work, _) in copies.items()})
     best = best_of_rounds(works, sync, args.repeats)
     best.update(best_copy(best, copies))
@@ -232,21 +233,21 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
 
 
 def _through_pinned_host(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
-                         moved: int, device, payload: int) -> dict[str, Callable[[], object]]:
+                         moved: int, device, sync: Callable[[], None],
+                         payload: int) -> dict[str, Callable[[], object]]:
     """On an accelerator, the connector's whole path to LMCache's pinned host objects (the kernels into a device
     buffer, then one copy per chunk across the bus, as ``LayoutBinding`` stages it), and the reference that path
     is judged against: a plain pinned copy of the same bytes each way. Then the same paths with each object's
     checksum (``payload`` bytes of each), both ways the connector makes it where it can: stripe CRCs from the
     device (``kernels.triton_crc32c``: a store hashes what it staged, a load what crossed, read back before
-    writing) and from the host over the pinned objects (a store after its copies, a load before them, as for a
-    load whose chunks outgrow one scratch-full)."""
+    writing) and from the host over the pinned objects (a store after its copies, a load before them, as where
+    the device cannot hash: no Triton, a failed self-check, or vLLM's layer-by-layer loads)."""
     import torch
 
     from lmcache_platforms.connector import checksum
     from lmcache_platforms.kernels import triton_crc32c
 
     hosts = [torch.empty(obj.numel(), dtype=torch.uint8, pin_memory=True) for obj in objects]
-    sync = _synchronizer(device)
 
     def store_to_host() -> None:
         store()

@@ -85,7 +85,7 @@ class TransferStreams:
         """Block until loads are done: LMCache frees or reuses the source MemoryObjs right after."""
         if self.load_stream is not None:
             self.mark_loaded()
-            self.load_stream.synchronize()
+            self.wait_loads()
 
 
 class Scratch:

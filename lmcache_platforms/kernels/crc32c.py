@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+import torch
+
 from lmcache_platforms.kernels.cpu_backend import REBUILD_HINT, load_library
 from lmcache_platforms.log import init_logger
 
@@ -41,6 +43,18 @@ class NativeCrc32c:
         """CRC-32C of stripes ``[first, last)`` of the ``nbytes`` at ``address`` into uint32s at
         ``out_address``."""
         self._stripes(address, nbytes, stripe, first, last, out_address)
+
+    def object_stripes(self, buffer: torch.Tensor, objects: int, object_bytes: int, payload_bytes: int,
+                       stripe: int) -> torch.Tensor:
+        """CRC-32Cs (``[objects, stripes]`` int32) of the ``stripe``-byte stripes of the first ``payload_bytes`` of
+        ``objects`` objects laid every ``object_bytes`` in the host uint8 ``buffer``: what the GPU kernel computes
+        (``kernels.triton_crc32c``), for comparing it with."""
+        count = -(-payload_bytes // stripe)
+        out = torch.zeros((objects, count), dtype=torch.int32)
+        for index in range(objects):
+            self.stripes(buffer.data_ptr() + index * object_bytes, payload_bytes, stripe, 0, count,
+                         out[index].data_ptr())
+        return out
 
 
 @functools.cache

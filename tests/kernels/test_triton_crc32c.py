@@ -34,12 +34,7 @@ def interpreting() -> Iterator[None]:
 def native_stripes(buf: torch.Tensor, objects: int, object_bytes: int, payload_bytes: int) -> torch.Tensor:
     lib = native()
     assert lib is not None
-    stripes = -(-payload_bytes // triton_crc32c.STRIPE_BYTES)
-    out = torch.zeros((objects, stripes), dtype=torch.int32)
-    for index in range(objects):
-        lib.stripes(buf.data_ptr() + index * object_bytes, payload_bytes, triton_crc32c.STRIPE_BYTES, 0, stripes,
-                    out[index].data_ptr())
-    return out
+    return lib.object_stripes(buf, objects, object_bytes, payload_bytes, triton_crc32c.STRIPE_BYTES)
 
 
 def test_the_stripe_size_is_the_chunk_checksums() -> None:

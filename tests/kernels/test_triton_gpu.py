@@ -83,14 +83,9 @@ def test_stripe_crcs_on_the_gpu_match_the_native_crc(objects, payload_words, gap
     payload, stride = 4 * payload_words, 4 * (payload_words + gap_words)
     host = torch.randint(0, 256, ((objects - 1) * stride + payload,), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(seed))
-    stripes = -(-payload // triton_crc32c.STRIPE_BYTES)
 
     def native_stripes() -> torch.Tensor:
-        out = torch.zeros((objects, stripes), dtype=torch.int32)
-        for index in range(objects):
-            lib.stripes(host.data_ptr() + index * stride, payload, triton_crc32c.STRIPE_BYTES, 0, stripes,
-                        out[index].data_ptr())
-        return out
+        return lib.object_stripes(host, objects, stride, payload, triton_crc32c.STRIPE_BYTES)
 
     before = triton_crc32c.stripe_crcs(host.to(DEVICE), objects, stride, payload).cpu()
     assert torch.equal(before, native_stripes())
