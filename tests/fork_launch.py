@@ -2,9 +2,10 @@
 as children of this test process's fork servers (``tests/fork_server.py``). A fresh ``vllm serve`` spends ~11 s
 of its start importing vLLM's CLI and OpenAI server, a fresh ``python -m`` pass ~6 s importing torch and vLLM's
 config, ~35 times a run; the child runs what the fresh process runs from its entry point on, in a session of its
-own on the same cores, its command line showing the fresh process's command (strays are found by it), and vLLM
-spawns its engine core (and workers) as fresh interpreters either way. Any other command (the README's own shell
-command) starts fresh."""
+own on the same cores, its command line showing the fresh process's command (strays are found by it). A server
+child forks a zygote first, and what vLLM spawns (engine cores, workers: ~15 s of CPU importing vLLM each as fresh
+interpreters) is forked from it in the server's process group instead (``tests/spawn_zygote.py``). Any other
+command (the README's own shell command) starts fresh, and so does all it spawns."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def start_forked(command: list[str], env: dict[str, str], log_path: Path,
                  resources: Resources | None) -> GroupLeader:
     cpus = resources.cores if resources else ()
     if command[0] == vllm_command():
-        what, kind = {"script": CONSOLE_SCRIPT, "sys_argv": command}, "serve"
+        what, kind = {"script": CONSOLE_SCRIPT, "sys_argv": command, "zygote": True}, "serve"
     elif command[:2] == [sys.executable, "-m"]:
         what, kind = {"module": command[2], "argv": command[3:]}, "plain"
     else:

@@ -15,9 +15,10 @@ then, LMCache and our package still are not).
 The servers and engine passes the tools start (``lmcache_platforms.tools.demo.runners.launch``, replaced for the
 session by ``tests/fork_launch.py``) are children too: a ``vllm serve`` of a third server, which preloaded vLLM's
 CLI and OpenAI server (``SERVE_PRELOADED``: what a fresh ``vllm serve`` imports before it reads its arguments,
-LMCache and our package not among it), a ``python -m`` pass of the first. Such a child leads its own session and
-runs on the cores it was given, as ``subprocess.Popen`` with ``start_new_session`` would start it; ``start``
-returns it at once (``ForkedChild``).
+LMCache and our package not among it), a ``python -m`` pass of the first. A server child asked for a ``zygote``
+forks one before it runs (``tests/spawn_zygote.py``), from which its spawned processes are forked. Such a child
+leads its own session and runs on the cores it was given, as ``subprocess.Popen`` with ``start_new_session`` would
+start it; ``start`` returns it at once (``ForkedChild``).
 
 A run whose ``PYTHONPATH`` shadows a preloaded package (another vLLM: ``tests/integration/test_vllm023.py``)
 cannot start from this state and keeps its own interpreter.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -56,6 +58,7 @@ ENGINE_UNTOUCHED = ("lmcache",)
 SERVE_PRELOADED = (*PRELOADED, "vllm.entrypoints.cli.main", "vllm.entrypoints.cli.serve",
                    "vllm.entrypoints.openai.api_server")
 """What ``vllm serve`` imports before it reads its arguments (its own KV-transfer package among it)."""
+_zygote: Any = None  # tests/spawn_zygote.py, in a server of kind "serve"
 KINDS = {"plain": (PRELOADED, UNTOUCHED), "engine": (ENGINE_PRELOADED, ENGINE_UNTOUCHED),
          "serve": (SERVE_PRELOADED, ENGINE_UNTOUCHED)}
 # Left out of the server's own environment: they must act only where a run sets them. LMCache sets
@@ -89,14 +92,12 @@ def _child(request: dict[str, Any]) -> None:
         os.dup2(1, 2)
     else:
         os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    if "prometheus_client.values" in sys.modules:  # the value class a fresh import would pick in this environment
-        values = sys.modules["prometheus_client.values"]
-        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+    _adopt_environment(request["env"])
     os.chdir(request["cwd"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[1:1] = extra
+    if request.get("zygote"):
+        _zygote.start(Path(request["status"]).parent, _leave, _reap, _adopt_environment)
     code = 1
     try:
         if "module" in request:
@@ -113,6 +114,15 @@ def _child(request: dict[str, Any]) -> None:
     _leave(code, request["status"])
 
 
+def _adopt_environment(env: dict[str, str]) -> None:
+    """Take ``env`` as this process's whole environment, as a fresh interpreter started with it would."""
+    os.environ.clear()
+    os.environ.update(env)
+    if "prometheus_client.values" in sys.modules:  # the value class a fresh import would pick in this environment
+        values = sys.modules["prometheus_client.values"]
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+
+
 def _leave(code: int, status: str) -> None:
     """End the child as an interpreter ends: its threads joined, then its exit handlers run (a run that hangs
     there hangs here); then the status is written and the process leaves without tearing its modules down, the
@@ -126,8 +136,14 @@ def _leave(code: int, status: str) -> None:
     os._exit(code)
 
 
-def serve(kind: str) -> None:
+def serve(kind: str, folder: str) -> None:
+    global _zygote
     preloaded, untouched = KINDS[kind]
+    if kind == "serve":  # its children fork a zygote for what vLLM spawns (tests/spawn_zygote.py)
+        spec = importlib.util.spec_from_file_location("spawn_zygote", Path(folder) / "spawn_zygote.py")
+        assert spec is not None and spec.loader is not None
+        _zygote = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_zygote)
     for name in preloaded:
         importlib.import_module(name)
     loaded = sorted(name for name in sys.modules if name.startswith(untouched))
@@ -197,7 +213,7 @@ class ForkServer:
     def __init__(self, kind: str = "plain") -> None:
         self._folder = Path(tempfile.mkdtemp(prefix="fork-server-"))
         env = clean_environment()
-        argv = [sys.executable, "-c", Path(__file__).read_text(), kind]
+        argv = [sys.executable, "-c", Path(__file__).read_text(), kind, str(Path(__file__).parent)]
         with open(self._folder / "server.err", "w") as errors:
             self._process = subprocess.Popen(argv, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=errors)
@@ -303,4 +319,4 @@ def run_script(script: str, env: Mapping[str, str], timeout: float = 600.0, cwd:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2])

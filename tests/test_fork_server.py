@@ -7,6 +7,7 @@ process group, the given cores, its output in one log, the fresh command on its 
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -99,3 +100,114 @@ def test_a_child_counts_metrics_as_a_fresh_interpreter_in_its_environment_would(
     child = shared("engine").run({"script": script}, env, timeout=120)
     assert (child.returncode, child.stdout) == (0, "MmapedValue\n" if multiprocess else "MutexValue\n"), \
         child.stderr[-2000:]
+
+
+PROBE_TARGET = '''
+import os, sys
+
+
+def report(conn, parent_group, code):
+    print("spawned child ran", flush=True)
+    conn.send({"argv": sys.argv, "cwd": os.getcwd(), "late": os.environ.get("PROBE_LATE"),
+               "same_group": os.getpgid(0) == parent_group, "cpus": sorted(os.sched_getaffinity(0)),
+               "marker": "probe_marker" in sys.modules, "lmcache": any(m.startswith("lmcache") for m in sys.modules),
+               "standard_streams": [os.path.sameopenfile(fd, 1) for fd in (1, 2)]})
+    conn.close()
+    sys.exit(code)
+
+
+def wait_forever():
+    import time
+    time.sleep(600)
+'''
+SPAWNER = '''
+import multiprocessing as mp, os, signal, sys
+import probe_marker, probe_target
+mp.set_start_method(sys.argv[1])
+os.environ["PROBE_LATE"] = "set after start"
+reader, writer = mp.Pipe(duplex=False)
+child = mp.Process(target=probe_target.report, args=(writer, os.getpgid(0), 7))
+child.start()
+writer.close()
+print(sorted(reader.recv().items()), flush=True)
+child.join()
+hung = mp.Process(target=probe_target.wait_forever)
+hung.start()
+hung.kill()
+hung.join()
+print(child.exitcode, hung.exitcode, flush=True)
+'''
+
+
+def _spawn_probe(folder: Path) -> tuple[str, dict[str, str]]:
+    """The spawner script and its environment: the target in an importable module, a marker module the spawner
+    imports (a spawned process must not have it)."""
+    (folder / "probe_target.py").write_text(PROBE_TARGET)
+    (folder / "probe_marker.py").write_text("")
+    return SPAWNER, clean_environment(PYTHONPATH=str(folder))
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"], ids=["spawn", "negative-control-fork"])
+def test_what_a_server_child_spawns_stands_where_a_fresh_spawn_would(tmp_path: Path, method: str) -> None:
+    """A server child (``zygote``: how ``vllm serve`` is started, ``tests/fork_launch.py``) spawns through its zygote
+    (``tests/spawn_zygote.py``): the spawned process gets its pipe, the spawner's environment at start, folder,
+    cores, standard streams, process group and the spawn's ``sys.argv``, none of the spawner's modules, and its exit
+    status (a killing signal's included) reaches the spawner, as from a fresh interpreter's spawn of the same script.
+    Negative control: forked instead of spawned, the child has the spawner's modules, and the comparison sees it."""
+    script, env = _spawn_probe(tmp_path)
+    log = tmp_path / "child.log"
+    cpu = min(os.sched_getaffinity(0))
+    command = [sys.executable, "-c", "spawner", str(tmp_path)]
+    child = shared("serve").start({"script": script, "sys_argv": ["-c", method], "zygote": True}, command, env,
+                                  tmp_path, log, (cpu,))
+    assert child.wait(timeout=120) == 0, log.read_text()[-3000:]
+    fresh_log = tmp_path / "fresh.log"
+    with fresh_log.open("w") as out:
+        subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-c", script, method], stdout=out,
+                       stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=120, check=True)
+    lines = fresh_log.read_text().splitlines()
+    assert log.read_text().splitlines() == lines
+    report = dict(ast.literal_eval(lines[1]))
+    assert report["marker"] == (method == "fork")
+    assert lines[::2] == ["spawned child ran", "7 -9"]
+    if method == "spawn":
+        assert report == {"argv": ["-c", "spawn"], "cwd": str(tmp_path), "late": "set after start",
+                          "same_group": True, "cpus": [cpu], "marker": False, "lmcache": False,
+                          "standard_streams": [True, True]}
+
+
+def test_the_zygote_serves_spawns_of_spawned_processes_and_dies_with_its_server(tmp_path: Path) -> None:
+    """A spawned process spawns in turn (an engine core its workers) through the same zygote; once the server child
+    is killed, its zygote and everything spawned are gone too (the group's kill reaches them all)."""
+    (tmp_path / "nested.py").write_text(
+        "import multiprocessing as mp, os, time\n"
+        "def grandchild():\n    print('grandchild', os.getpgid(0) == int(os.environ['GROUP']), flush=True)\n"
+        "def child():\n    mp.set_start_method('spawn', force=True)\n    g = mp.Process(target=grandchild)\n"
+        "    g.start(); g.join(); print('grandchild ended', g.exitcode, flush=True); time.sleep(600)\n")
+    script = ("import multiprocessing as mp, os, time\nimport nested\nos.environ['GROUP'] = str(os.getpgid(0))\n"
+              "mp.set_start_method('spawn')\nc = mp.Process(target=nested.child)\nc.start()\ntime.sleep(600)\n")
+    log = tmp_path / "child.log"
+    child = shared("serve").start({"script": script, "zygote": True}, [sys.executable, "-c", str(tmp_path)],
+                                  clean_environment(PYTHONPATH=str(tmp_path)), tmp_path, log)
+    deadline = time.monotonic() + 120
+    while "grandchild ended" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert log.read_text() == "grandchild True\ngrandchild ended 0\n"
+    members = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _group_of(pid) == child.pid]
+    # The server child, its zygote, multiprocessing's resource tracker, the spawned child (sleeping).
+    assert len(members) == 4, members
+    os.killpg(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while any(_group_of(pid) == child.pid for pid in members) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in members if _group_of(pid) == child.pid] == []
+
+
+def _group_of(pid: int) -> int | None:
+    """The process group of a living process (not one that ended and waits to be reaped), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[2])
