@@ -16,6 +16,7 @@ import pytest
 
 from tests import ci
 from tests.delivery.upstream import _download, _pip_download, registry_unreachable
+from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,8 +55,7 @@ def test_services_script_fails_under_ci_when_redis_cannot_be_installed(path_with
 def test_redis_tests_fail_under_ci_without_redis_server(path_without_redis: str, ci_value: str) -> None:
     test = "tests/connector/test_redis_remote.py::test_chunks_of_another_layout_are_never_found"
     env = {**os.environ, "PATH": path_without_redis, "CI": ci_value}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rsf", test],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = run_module("pytest", ["-q", "-p", "no:cacheprovider", "-rsf", test], env, REPO, timeout=300)
     assert "redis-server is not on PATH" in done.stdout, done.stdout[-3000:]
     if ci_value:
         assert done.returncode == 1 and "1 error" in done.stdout, done.stdout[-3000:]
