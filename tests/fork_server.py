@@ -191,7 +191,9 @@ class ForkedChild:
         self._paths = paths
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _alive(self.pid):
+        from tests.spawn_zygote import alive  # here, not at the top: the server runs this file as ``-c`` source
+
+        if self.returncode is None and not alive(self.pid):
             self.returncode = int(self._status.read_text()) if self._status.exists() else -1
             for path in self._paths:
                 path.unlink(missing_ok=True)
@@ -281,14 +283,6 @@ class ForkServer:
         for path in self._folder.iterdir():
             path.unlink()
         self._folder.rmdir()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 _shared: dict[str, ForkServer] = {}

@@ -161,7 +161,7 @@ class ZygotePopen(popen_spawn_posix.Popen):
         """The child's exit status once it is gone (reaped by the zygote): its status file, else -1 if it left none;
         ``flag`` 0 waits."""
         while self.returncode is None:
-            if not _alive(self.pid):
+            if not alive(self.pid):
                 self.returncode = int(self._status.read_text()) if self._status.exists() else -1
                 self._status.unlink(missing_ok=True)
             elif flag == os.WNOHANG:
@@ -187,7 +187,8 @@ def _ask_zygote(fds: list[int], tracker_fd: int, pipe_handle: int, command: list
         return json.loads(zygote.recv(_MESSAGE_BYTES))["pid"], status
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one that ended still does until it is reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
