@@ -25,6 +25,17 @@ def quiet_lmcache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def patient_remote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookup time limits well past what a real store on loopback needs even on a loaded machine, for tests of what
+    a remote store holds, not of how long it takes: under CI's load a Redis Cluster client's first lookup (slot
+    discovery, connections to every node) once took longer than the 2.5 s connect allowance, and the tier was
+    skipped as designed (tests/upstream_fixes/test_remote_lookup.py and tests/reliability/test_stuck_remote.py
+    test the limits)."""
+    monkeypatch.setenv("LMCACHE_PLATFORMS_REMOTE_CONNECT_TIMEOUT_S", "60")
+    monkeypatch.setenv("LMCACHE_PLATFORMS_REMOTE_LOOKUP_TIMEOUT_S", "30")
+
+
+@pytest.fixture
 def closable_remote_backends() -> None:
     """LMCache 0.5.6's remote backends deadlock on close; the patch catalog fixes it (upstream_fixes.remote_close)
     once activation has run and LMCache's executor module is imported."""

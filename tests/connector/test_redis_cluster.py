@@ -24,7 +24,7 @@ from tests.ci import missing
 from tests.connector.remote_reads import parted, upstream_reads
 from tests.connector.test_redis_remote import taken_buffer_objects, taken_buffers
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.usefixtures("patient_remote")]
 
 CHUNKS = 4
 

@@ -11,7 +11,7 @@ from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.usefixtures("patient_remote")]
 
 
 @pytest.mark.parametrize(("name", "mode"), [("gemma3", "bundled"), ("deepseek-v4-small", "exploded")])

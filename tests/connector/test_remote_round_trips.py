@@ -25,7 +25,7 @@ from tests.ci import missing
 from tests.connector.remote_reads import HandOffs, RoundTrips, parted, remote_connector, upstream_reads
 from tests.connector.test_redis_remote import taken_buffer_objects, taken_buffers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("patient_remote")]
 
 CHUNKS = 4
 PARTS = 2  # gemma3: full attention and a 32-token window, two parts per 64-token chunk

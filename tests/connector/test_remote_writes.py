@@ -19,7 +19,7 @@ from lmcache_platforms.tools.fixtures import materialize
 from tests.connector.remote_reads import remote_connector
 from tests.upstream_originals import put_back
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.usefixtures("patient_remote")]
 
 CHUNKS = 4
 
