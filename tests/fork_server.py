@@ -20,6 +20,9 @@ forks one before it runs (``tests/spawn_zygote.py``), from which its spawned pro
 leads its own session and runs on the cores it was given, as ``subprocess.Popen`` with ``start_new_session`` would
 start it; ``start`` returns it at once (``ForkedChild``).
 
+Every server also compiles vLLM's sampler op before it forks, which each engine would otherwise compile on its
+first request for logprobs (``tests/warm_sampler.py``).
+
 A run whose ``PYTHONPATH`` shadows a preloaded package (another vLLM: ``tests/integration/test_vllm023.py``)
 cannot start from this state and keeps its own interpreter.
 
@@ -136,16 +139,23 @@ def _leave(code: int, status: str) -> None:
     os._exit(code)
 
 
+def _load(folder: str, name: str) -> Any:
+    """A module of ``folder`` by its path (this server runs as ``python -c``; ``tests`` is no package to it)."""
+    spec = importlib.util.spec_from_file_location(name, Path(folder) / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def serve(kind: str, folder: str) -> None:
     global _zygote
     preloaded, untouched = KINDS[kind]
     if kind == "serve":  # its children fork a zygote for what vLLM spawns (tests/spawn_zygote.py)
-        spec = importlib.util.spec_from_file_location("spawn_zygote", Path(folder) / "spawn_zygote.py")
-        assert spec is not None and spec.loader is not None
-        _zygote = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_zygote)
+        _zygote = _load(folder, "spawn_zygote")
     for name in preloaded:
         importlib.import_module(name)
+    _load(folder, "warm_sampler").warm()
     loaded = sorted(name for name in sys.modules if name.startswith(untouched))
     print(json.dumps({"loaded": loaded}), flush=True)
     children: dict[int, str] = {}

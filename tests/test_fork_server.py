@@ -211,3 +211,50 @@ def _group_of(pid: int) -> int | None:
     except FileNotFoundError:
         return None
     return None if fields[0] in ("Z", "X") else int(fields[2])
+
+
+RANKS = """
+import torch
+from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+torch.set_num_threads(2)
+logprobs = torch.tensor([[-1.0, -3.0, -0.5, -2.0, -0.1], [-4.0, -0.2, -0.3, -9.0, -1.0], [0.0, -1.0, -2.0, -3.0, -4.0]])
+ranked = torch.tensor([[-2.0], [-0.3], [0.0]])
+torch._dynamo.decorators.mark_unbacked(logprobs, 0)
+torch._dynamo.decorators.mark_unbacked(ranked, 0)
+print(batched_count_greater_than(logprobs, ranked).tolist(), flush=True)
+"""
+# A fresh interpreter warmed as a fork server is (tests/warm_sampler.py) on one thread, then on two; after each,
+# a forked child runs RANKS and the parent waits for it at most 20 s.
+WARMED_FORKS = """
+import os, sys, time
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+import warm_sampler
+for threads in (1, 2):
+    warm_sampler.warm(threads)
+    pid = os.fork()
+    if pid == 0:
+        exec(compile(RANKS, "<ranks>", "exec"))
+        os._exit(0)
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            print("the child hung", flush=True)
+            break
+        time.sleep(0.1)
+"""
+
+
+def test_a_child_ranks_sampled_tokens_with_vllms_compiled_op_on_two_threads() -> None:
+    """The op the servers compiled before they forked (tests/warm_sampler.py) runs in a child on two threads and
+    counts, per row, the logprobs at or above the sampled token's (its rank)."""
+    forked = run_script(RANKS, clean_environment(), timeout=120)
+    assert (forked.returncode, forked.stdout) == (0, "[4, 2, 1]\n"), forked.stderr[-3000:]
+
+
+def test_negative_control_a_warm_up_on_two_threads_hangs_the_child() -> None:
+    """Warmed on one thread (what the servers do), the forked child answers; warmed on two, the parent ran an
+    OpenMP parallel region, and the child's hangs."""
+    fresh = subprocess.run([sys.executable, "-c", f"RANKS = {RANKS!r}\n" + WARMED_FORKS], capture_output=True,
+                           text=True, env=clean_environment(), cwd=Path(__file__).resolve().parents[1], timeout=180)
+    assert (fresh.returncode, fresh.stdout) == (0, "[4, 2, 1]\nthe child hung\n"), fresh.stderr[-3000:]
