@@ -4,7 +4,9 @@ workload of full hits, partial hits and misses, with an LMCache CPU budget so sm
 What it checks, and why each is measured where it is:
   - no request fails (the client sees every stream to its end);
   - a sample of the answers equals a server without a connector (same prompts, sent one by one afterwards):
-    tokens identical and top-k raw logits within ``MAX_LOGIT_DRIFT_BF16_STEPS``; a planted difference (the
+    tokens identical, or parting only at a proven bf16 tie (``identity.compare``: the clients' concurrent
+    batches cannot be the reference's, so a pick tied to one bf16 step may differ), and top-k raw logits within
+    ``MAX_LOGIT_DRIFT_BF16_STEPS``; a planted difference (the
     first chunk of a sampled prompt replaced) must be flagged, or the comparison proves nothing;
   - LMCache's pinned memory objects are back to zero once the clients stop: read from LMCache's own metrics
     endpoint in the worker process (its internal API server, enabled for the run), after its stats logger's
@@ -311,10 +313,11 @@ def planted(request: SoakRequest, chunk_size: int) -> list[int]:
     return _random_tokens(rng, chunk_size) + request.tokens[chunk_size:]
 
 
-def identical(reference: dict[str, Any], got: dict[str, Any]) -> tuple[bool, str]:
-    """The oracle: same tokens and top-k logits within the drift bound."""
+def equivalent(reference: dict[str, Any], got: dict[str, Any]) -> tuple[bool, str]:
+    """The oracle: same tokens, or tokens that part only at a proven bf16 tie (the concurrent clients' batches are
+    not the one-by-one reference's, and a tied pick may go either way), and top-k logits within the drift bound."""
     verdict = compare(reference, got)
-    same = verdict.identical and verdict.max_logit_steps <= MAX_LOGIT_DRIFT_BF16_STEPS
+    same = verdict.equivalent and verdict.max_logit_steps <= MAX_LOGIT_DRIFT_BF16_STEPS
     return same, f"{verdict.describe()}, max logit drift {verdict.max_logit_steps:.1f} bf16 steps"
 
 
@@ -325,13 +328,13 @@ def compare_with_reference(base_url: str, sample: list[Outcome], options: SoakOp
         for outcome in sample:
             reference = stream_one(client, model, outcome.request.tokens, options.max_tokens)
             assert outcome.result is not None
-            same, how = identical(reference, outcome.result)
+            same, how = equivalent(reference, outcome.result)
             if not same:
                 differences.append({"index": outcome.request.index, "kind": outcome.request.kind, "verdict": how})
         control = next((o for o in sample if o.result and o.result["cached_tokens"]), sample[0])
         assert control.result is not None
         wrong = stream_one(client, model, planted(control.request, options.chunk_size), options.max_tokens)
-        caught, how = identical(wrong, control.result)
+        caught, how = equivalent(wrong, control.result)
     return {"compared": len(sample), "differences": differences,
             "control": {"index": control.request.index, "caught": not caught, "verdict": how}}
 
