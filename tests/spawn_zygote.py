@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import gc
 import importlib
 import io
 import itertools
@@ -75,6 +76,7 @@ def _serve(listener: socket.socket, server: int, leave: Callable[[int, str], Non
         print(f"spawn zygote: the preloaded modules imported what a spawned process must import: {loaded}",
               file=sys.stderr, flush=True)
         os._exit(1)
+    gc.freeze()  # as the fork server does: the spawned processes' collections skip what the zygote holds
     children: dict[int, str] = {}
     signal.signal(signal.SIGCHLD, lambda *_: reap(children))
     while True:

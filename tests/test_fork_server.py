@@ -223,25 +223,29 @@ torch._dynamo.decorators.mark_unbacked(logprobs, 0)
 torch._dynamo.decorators.mark_unbacked(ranked, 0)
 print(batched_count_greater_than(logprobs, ranked).tolist(), flush=True)
 """
-# A fresh interpreter warmed as a fork server is (tests/warm_sampler.py) on one thread, then on two; after each,
-# a forked child runs RANKS and the parent waits for it at most 20 s.
+# In a server child: a forked grandchild runs RANKS (the child waits for it at most 15 s); the child then warms
+# the op on two threads as the servers do on one (tests/warm_sampler.py), and a second grandchild runs RANKS.
 WARMED_FORKS = """
 import os, sys, time
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 import warm_sampler
-for threads in (1, 2):
-    warm_sampler.warm(threads)
+
+def ranks_in_a_forked_child():
     pid = os.fork()
     if pid == 0:
         exec(compile(RANKS, "<ranks>", "exec"))
         os._exit(0)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 15
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             print("the child hung", flush=True)
-            break
+            return
         time.sleep(0.1)
+
+ranks_in_a_forked_child()
+warm_sampler.warm(2)
+ranks_in_a_forked_child()
 """
 
 
@@ -253,8 +257,8 @@ def test_a_child_ranks_sampled_tokens_with_vllms_compiled_op_on_two_threads() ->
 
 
 def test_negative_control_a_warm_up_on_two_threads_hangs_the_child() -> None:
-    """Warmed on one thread (what the servers do), the forked child answers; warmed on two, the parent ran an
-    OpenMP parallel region, and the child's hangs."""
-    fresh = subprocess.run([sys.executable, "-c", f"RANKS = {RANKS!r}\n" + WARMED_FORKS], capture_output=True,
-                           text=True, env=clean_environment(), cwd=Path(__file__).resolve().parents[1], timeout=180)
-    assert (fresh.returncode, fresh.stdout) == (0, "[4, 2, 1]\nthe child hung\n"), fresh.stderr[-3000:]
+    """Forked from a server, which warmed the op on one thread, a child answers; once its parent warmed it on two
+    (an OpenMP parallel region run), the child's own hangs."""
+    forked = run_script(f"RANKS = {RANKS!r}\n" + WARMED_FORKS, clean_environment(), timeout=120,
+                        cwd=Path(__file__).resolve().parents[1])
+    assert (forked.returncode, forked.stdout) == (0, "[4, 2, 1]\nthe child hung\n"), forked.stderr[-3000:]
