@@ -127,9 +127,10 @@ def test_ci_run_is_make_test_with_ci_set(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("ci_value", ["true", ""])
 def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path: Path, ci_value: str) -> None:
-    """The real Makefile over a stub venv (its set-up stamp fresh, so nothing is installed): ruff, the import
-    contracts, mypy and pytest run in that order, pytest on two xdist workers with the fixed hash seed and no
-    usage tracking, and CI passes through untouched, whatever the caller's environment held."""
+    """The real Makefile over a stub venv (its set-up stamp fresh, so nothing is installed): ruff and the import
+    contracts run in that order, then mypy alongside pytest (either may log first), pytest on two xdist workers
+    with the fixed hash seed and no usage tracking, and CI passes through untouched, whatever the caller's
+    environment held."""
     venv, log = tmp_path / "venv", tmp_path / "calls"
     (venv / "bin").mkdir(parents=True)
     for name in ("python", "lint-imports", "redis-server"):
@@ -140,10 +141,34 @@ def test_make_test_gives_pytest_the_same_environment_locally_and_in_ci(tmp_path:
                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     plain = f"CI={ci_value} PYTHONHASHSEED= LMCACHE_TRACK_USAGE="
-    assert log.read_text().splitlines() == [
+    calls = log.read_text().splitlines()
+    assert calls[:2] == [
         f"python -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts {plain}",
         f"lint-imports --no-cache {plain}",
+    ]
+    assert sorted(calls[2:]) == [
         f"python -m mypy {plain}",
         "python -m pytest -q -n 2 --no-loadscope-reorder --durations=15 "
         f"CI={ci_value} PYTHONHASHSEED=0 LMCACHE_TRACK_USAGE=false",
     ]
+
+
+@pytest.mark.parametrize("failing", ["mypy", "pytest"])
+def test_make_test_fails_when_mypy_or_pytest_fails(tmp_path: Path, failing: str) -> None:
+    """mypy runs alongside pytest: either one failing fails ``make test``, after both ran, and mypy's report is
+    printed whichever failed."""
+    venv, log = tmp_path / "venv", tmp_path / "calls"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("lint-imports", "redis-server"):
+        recording_stub(venv / "bin" / name, log)
+    (venv / "bin" / "python").write_text(
+        f'#!/bin/sh\necho "$2" >> {log}\n[ "$2" = mypy ] && echo "mypy: planted report"\n'
+        f'[ "$2" != {failing} ]\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / ".setup-cpu").touch()
+    done = subprocess.run(["make", "--no-print-directory", "test", f"VENV={venv}", "PLATFORM=cpu"], cwd=REPO,
+                          env=caller_env(venv / "bin"), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "mypy: planted report" in done.stdout
+    assert sorted(line.split()[0] for line in log.read_text().splitlines()) == [
+        "lint-imports", "mypy", "pytest", "ruff"]
