@@ -23,7 +23,7 @@ start it; ``start`` returns it at once (``ForkedChild``).
 Every server also compiles vLLM's sampler op before it forks, which each engine would otherwise compile on its
 first request for logprobs (``tests/warm_sampler.py``), and then freezes what it holds out of the garbage
 collector's reach (``gc.freeze``): vLLM runs full collections while it builds and stops an engine, ~0.27 s each
-with torch, transformers and vLLM loaded, ~2.4 s a pass, and a child's then walk only what the child created.
+with torch, transformers and vLLM loaded, ~2.4 s a pass; a child's collections then walk only what it created.
 Those objects stay alive, as they would in a fresh interpreter, where modules are never collected either.
 
 A run whose ``PYTHONPATH`` shadows a preloaded package (another vLLM: ``tests/integration/test_vllm023.py``)
