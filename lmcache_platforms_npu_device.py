@@ -11,8 +11,8 @@ claim a native surface we do not have. Two NPU specs are then registered, so LMC
 
 Importing this module imports LMCache; only LMCache's plugin discovery and ``NpuPlatform`` load it. It lives
 outside the ``lmcache_platforms`` package on purpose: LMCache imports every device plugin whenever it is imported,
-and importing a module inside our package would import the package as a mere parent, which activates nothing,
-so a later ``import lmcache_platforms`` in that process would find it imported and activate nothing either.
+and importing a module inside our package activates the package, which would patch every process that imports
+LMCache (LMCache's own server among them), whether or not it runs our connector.
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ def activate_or_log() -> Activation | None:
 
 def vllm_plugin() -> None:
     """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts (API server, engine
-    core, workers), after importing only ``lmcache_platforms.activation`` (which activates nothing by itself)."""
+    core, workers), after importing ``lmcache_platforms.activation``, whose package activated already: this call
+    returns that state, or tries again where that attempt failed."""
     activate_or_log()
 
 

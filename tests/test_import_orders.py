@@ -15,9 +15,10 @@ four ways to activate. A fresh interpreter per case cost 8.5-16 s (these 30 case
 child costs ~2 s, its imports of vLLM's factory and LMCache being all that is left.
 
 Found while writing these: LMCache imports every ``lmcache.device_plugins`` entry point while it imports, and ours
-lived inside the package, so ``import lmcache`` imported ``lmcache_platforms`` as a mere parent (no activation)
-and a later ``import lmcache_platforms`` did nothing. The plugin is now the top-level module
-``lmcache_platforms_npu_device``; the ``import`` orders where LMCache comes first guard that.
+lived inside the package, so ``import lmcache`` imported ``lmcache_platforms`` as a mere parent (then no
+activation) and a later ``import lmcache_platforms`` did nothing. The plugin is now the top-level module
+``lmcache_platforms_npu_device``; the ``import`` orders where LMCache comes first guard that. Since then any
+import of the package activates it, patches waiting for their modules (the submodule test below).
 """
 
 from __future__ import annotations
@@ -151,22 +152,23 @@ def test_every_import_order_resolves_our_connector_and_patches(source: str,
 
 def test_the_check_detects_the_old_hook_order() -> None:
     """The old bug put back (the hook registered while the state is not yet set, factory imported first):
-    ``_assert_active`` must fail with vLLM's own error, so the cases above can fail."""
+    ``_assert_active`` must fail with vLLM's own error, so the cases above can fail. The stand-in for wrapt's
+    registration goes in before the package is imported, since importing it activates."""
     body = "\n".join([
         f"import {FACTORY}",
         "import wrapt",
-        "import lmcache_platforms.activation as activation",
         "register = wrapt.register_post_import_hook",
         "def register_before_state(hook, name):",
-        "    if hook is not activation._register_connectors:",
+        "    if getattr(hook, '__name__', '') != '_register_connectors':",
         "        return register(hook, name)",
+        "    activation = sys.modules['lmcache_platforms.activation']",
         "    state, activation._state = activation._state, None",
         "    try:",
         "        return register(hook, name)",
         "    finally:",
         "        activation._state = state",
         "wrapt.register_post_import_hook = register_before_state",
-        "activation.activate()",
+        "import lmcache_platforms",
         f"import {ADAPTER}",
         "results.append(_probe())",
     ])
@@ -176,26 +178,34 @@ def test_the_check_detects_the_old_hook_order() -> None:
         _assert_active(report)
 
 
-@pytest.mark.parametrize("submodule", ["layout", "kernels", "activation", "integration.vllm.connector"])
-def test_a_submodule_import_patches_nothing_until_activate(submodule: str) -> None:
-    """Tools that use the layout math or kernels must not patch their process. A later ``import
-    lmcache_platforms`` does not activate either (the package is already in ``sys.modules``); ``activate()``
-    does, and then everything is in place although vLLM and LMCache were imported long before."""
+def _before_upstream() -> dict[str, Any]:
+    """Runs in the subprocess before anything imports LMCache: whether it is, and what activation did (read from
+    its state: ``_probe`` would import LMCache). The fork server's child has vLLM's config modules already."""
+    import sys
+
+    state = sys.modules["lmcache_platforms.activation"]._state
+    imported = {name.split(".")[0] for name in sys.modules}
+    return {"lmcache_imported": "lmcache" in imported,
+            "activated": state is not None and state.activated,
+            "patch_states": sorted({r.state.value for r in state.registry.records}) if state is not None else []}
+
+
+@pytest.mark.parametrize("submodule", ["layout", "kernels", "activation"])
+def test_a_submodule_import_activates_but_patches_nothing_until_upstream_is_imported(submodule: str) -> None:
+    """Tools that use only the layout math or the kernels never import LMCache or vLLM, so their process is left
+    as it was: activation only waits for upstream's modules. Once a process imports them (in any order, long
+    after the submodule), they are patched and our connector resolves, with no further call."""
     body = "\n".join([
         f"import lmcache_platforms.{submodule}",
+        "results.append(_before_upstream())",
         f"import {ADAPTER}",
         f"import {FACTORY}",
         "results.append(_probe())",
-        "import lmcache_platforms",
-        "results.append(_probe())",
-        "lmcache_platforms.activate()",
-        "results.append(_probe())",
     ])
-    after_submodule, after_package_import, after_activate = _fresh(body)
-    for report in (after_submodule, after_package_import):
-        assert report["state"] is None, report
-        _assert_untouched(report)
-    _assert_active(after_activate)
+    prelude = inspect.getsource(_before_upstream)
+    before, after = _fresh(f"{prelude}\n{body}")
+    assert before == {"lmcache_imported": False, "activated": True, "patch_states": ["not applicable", "pending"]}
+    _assert_active(after)
 
 
 def test_disable_switch_through_vllm_plugin_loader_registers_and_patches_nothing() -> None:

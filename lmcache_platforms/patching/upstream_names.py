@@ -74,8 +74,5 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
       for name in ("store", "retrieve", "lookup", "async_lookup_and_prefetch")),
     # The standard library's private hooks.
     UpstreamName("threading", "_register_atexit", "integration/vllm/exit_shutdown.py"),
-    UpstreamName("sys", "_getframe", "__init__.py"),
-    UpstreamName("importlib._bootstrap", "_find_and_load_unlocked", "__init__.py"),
-    UpstreamName("runpy", "_get_module_details", "__init__.py"),
     UpstreamName("importlib._bootstrap", "_initializing", "patching/registry.py", instance=True),
 )

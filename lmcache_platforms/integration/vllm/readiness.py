@@ -3,7 +3,7 @@
 Activation and the catalog sit above this package (the catalog names its modules), so activation installs its
 check here instead of this package importing it. Activation is imported by ``lmcache_platforms/__init__.py``,
 which Python runs before any submodule, so the check is in place wherever our connector module is; running it
-activates the process if nothing did yet (importing a submodule activates nothing by itself).
+activates the process if activation has not succeeded yet (it may have failed, or been rolled back).
 """
 
 from __future__ import annotations
