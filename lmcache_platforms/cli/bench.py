@@ -152,7 +152,7 @@ def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
     from lmcache_platforms.tools.fixtures import materialize_tensors
 
     groups = spec.groups
-    if len(groups) != 1 or groups[0].tokens_per_row != 1 or groups[0].sliding_window is not None:
+    if len(groups) != 1 or groups[0].tokens_per_row != 1 or groups[0].kind.reach(groups[0]) is not None:
         return None
     shapes = {(p.shape, p.dims) for layer in spec.layers for p in layer.planes}
     if len(shapes) != 1 or spec.block_padding_bytes or any(len(layer.planes) != 1 for layer in spec.layers):

@@ -6,6 +6,7 @@ can use it on any machine.
 
 from lmcache_platforms.layout.errors import LayoutError
 from lmcache_platforms.layout.files import example_names, load_layout_spec, save_layout_spec
+from lmcache_platforms.layout.group_kinds import FullAttention, GroupKind, SlidingWindow, Snapshots, State
 from lmcache_platforms.layout.groups import KVGroup, is_saved, saved_indices
 from lmcache_platforms.layout.kv_layout import KVLayout, LayerEntry, TransferGroup
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
@@ -20,8 +21,8 @@ from lmcache_platforms.layout.spec import LayerSpec, LayoutSpec, PlaneSpec
 from lmcache_platforms.layout.tensors import TensorLayout, planes_from_dims, planes_from_tensor
 
 __all__ = [
-    "KVGroup", "KVLayout", "LayerEntry", "LayerSpec", "LayoutError", "LayoutSpec", "Plane", "PlaneGeometry",
-    "PlaneSpec", "TensorLayout", "TransferGroup", "chunk_rows", "chunk_slots", "example_names", "is_saved",
-    "load_layout_spec", "physical_rows_per_chunk", "planes_from_dims", "planes_from_tensor", "rows_for_tokens",
-    "save_layout_spec", "saved_indices", "slot_mapping",
+    "FullAttention", "GroupKind", "KVGroup", "KVLayout", "LayerEntry", "LayerSpec", "LayoutError", "LayoutSpec",
+    "Plane", "PlaneGeometry", "PlaneSpec", "SlidingWindow", "Snapshots", "State", "TensorLayout", "TransferGroup",
+    "chunk_rows", "chunk_slots", "example_names", "is_saved", "load_layout_spec", "physical_rows_per_chunk",
+    "planes_from_dims", "planes_from_tensor", "rows_for_tokens", "save_layout_spec", "saved_indices", "slot_mapping",
 ]

@@ -46,13 +46,10 @@ def block_row_geometry(g: PlaneGeometry) -> PlaneGeometry | None:
 
 
 def block_row_group(group: KVGroup, chunk_size: int) -> KVGroup | None:
-    """The group with one row per block, or None where a chunk or a window would cut a block."""
-    tokens = group.tokens_per_block
-    if group.snapshots or group.block_size == 1 or chunk_size % tokens:
+    """The group with one row per block, or None where its kind says a chunk would cut a block."""
+    if not group.kind.block_rows_fit(group, chunk_size):
         return None
-    if group.sliding_window is not None and group.sliding_window % tokens:
-        return None
-    return dataclasses.replace(group, block_size=1, tokens_per_row=tokens)
+    return dataclasses.replace(group, block_size=1, tokens_per_row=group.tokens_per_block)
 
 
 def _pieces(plane: Plane) -> list[tuple[int, int]]:

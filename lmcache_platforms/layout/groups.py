@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from lmcache_platforms.layout.errors import LayoutError
+from lmcache_platforms.layout.group_kinds import GroupKind, kind_from_fields
 
 
 @dataclass(frozen=True)
@@ -16,9 +17,10 @@ class KVGroup:
     ``tokens_per_row`` tokens (the compress ratio, 1 for plain attention). ``sliding_window`` is in tokens.
 
     ``snapshots`` marks a state group whose rows are per-block snapshots of a recurrent state (vLLM's Mamba
-    groups in align mode): one row per block, ``tokens_per_row`` = the block's tokens, row ``r`` holding the
-    state after ``(r + 1) * tokens_per_row`` tokens. Resuming at a chunk boundary needs only the snapshot
-    there, so a chunk carries the one at its end.
+    groups in align mode): one row per block, ``tokens_per_row`` = the block's tokens.
+
+    ``kind`` answers every question that differs between kinds of group (``group_kinds``); left out, it is the
+    built-in kind the fields describe.
     """
 
     index: int
@@ -29,6 +31,11 @@ class KVGroup:
     layer_names: tuple[str, ...] = ()
     spec_name: str = ""
     snapshots: bool = False
+    kind: GroupKind = None  # type: ignore[assignment]  # set by __post_init__ when not given
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            object.__setattr__(self, "kind", kind_from_fields(self.snapshots, self.is_state, self.sliding_window))
 
     @property
     def tokens_per_block(self) -> int:
@@ -45,8 +52,8 @@ def _matches(group: KVGroup, names: Iterable[str]) -> bool:
 
 
 def looks_like_state(group: KVGroup, state_markers: Sequence[str] = ("State",)) -> bool:
-    """A state group by flag, or by a spec class name containing one of ``state_markers``."""
-    return group.is_state or any(marker and marker in group.spec_name for marker in state_markers)
+    """A group its kind does not save by default, or one whose spec class name contains a ``state_markers``."""
+    return not group.kind.saved_by_default or any(marker and marker in group.spec_name for marker in state_markers)
 
 
 def is_saved(
@@ -63,7 +70,7 @@ def is_saved(
     """
     if _matches(group, skip_groups):
         return False
-    if _matches(group, save_groups) or group.snapshots:
+    if _matches(group, save_groups) or group.kind.snapshots:
         return True
     return not looks_like_state(group, state_markers)
 
@@ -101,17 +108,7 @@ def validate_groups(groups: Sequence[KVGroup], chunk_size: int) -> None:
             raise LayoutError(
                 f"{name}: tokens_per_row {group.tokens_per_row} does not divide chunk_size {chunk_size}"
             )
-        if group.snapshots and (group.block_size != 1 or group.sliding_window is not None):
-            raise LayoutError(f"{name}: a snapshot group has one row per block and no sliding window, got "
-                              f"block_size {group.block_size}, sliding_window {group.sliding_window}")
-        window = group.sliding_window
-        if window is not None:
-            if window <= 0:
-                raise LayoutError(f"{name}: sliding_window must be positive, got {window}")
-            if window % group.tokens_per_row:
-                raise LayoutError(
-                    f"{name}: tokens_per_row {group.tokens_per_row} does not divide sliding_window {window}"
-                )
+        group.kind.check(group)
     if groups:
         largest = max(g.tokens_per_block for g in groups)
         for group in groups:

@@ -233,15 +233,15 @@ class KVLayout:
             "skipped_groups": sorted({p.group for p in self.skipped_planes}),
             "chunk_bytes": self.chunk_bytes,
             "multi_group": self.multi_group,
-            "snapshot_groups": [g.index for g in self.saved_groups if g.snapshots],
+            "snapshot_groups": [g.index for g in self.saved_groups if g.kind.snapshots],
         }
 
 
 def saves_whole_chunks(carried: Collection[KVGroup]) -> bool:
     """Whether chunks carrying these groups may only be saved whole: several groups (a partial chunk is unsafe
-    across groups), or a snapshot group (snapshots exist only at block boundaries, so a partial chunk would
-    carry none)."""
-    return len(carried) > 1 or any(g.snapshots for g in carried)
+    across groups), or a group whose kind says so (snapshots exist only at block boundaries, so a partial
+    chunk would carry none)."""
+    return len(carried) > 1 or any(g.kind.whole_chunks_only(g) for g in carried)
 
 
 def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved: Collection[int],

@@ -35,11 +35,9 @@ class ChunkPart:
 
 
 def group_reach(group: KVGroup) -> int | None:
-    """Tokens before a hit's end whose rows this group still reads: its window, 1 for a snapshot group (only
-    the state at the hit point), None for full attention (every row)."""
-    if group.snapshots:
-        return 1
-    return group.sliding_window
+    """Tokens before a hit's end whose rows this group still reads, as its kind says: its window, 1 for a
+    snapshot group (only the state at the hit point), None for full attention (every row)."""
+    return group.kind.reach(group)
 
 
 def _part_name(reach: int | None) -> str:
@@ -59,7 +57,7 @@ def chunk_parts(layout: KVLayout) -> tuple[ChunkPart, ...]:
     return tuple(
         ChunkPart(i, _part_name(reach), reach, tuple(by_reach[reach]),
                   sum(layout.transfer_groups[t].bytes_per_chunk for t in by_reach[reach]),
-                  any(layout.group(layout.transfer_groups[t].group).snapshots for t in by_reach[reach]))
+                  any(layout.group(layout.transfer_groups[t].group).kind.snapshots for t in by_reach[reach]))
         for i, reach in enumerate(order)
     )
 

@@ -71,39 +71,16 @@ def _check_chunk(group: KVGroup, start: int, end: int, chunk_size: int) -> None:
 
 
 def chunk_rows(group: KVGroup, start: int, end: int, chunk_size: int) -> tuple[int, int]:
-    """(first_row, num_rows): the rows chunk ``[start, end)`` stores.
-
-    Those are the rows whose first token lies in the chunk; a sliding-window group keeps only those holding a
-    token at or after ``end - sliding_window`` (the tail attention still needs at the chunk's end: when a
-    partial chunk ends inside a compressed row, the row holding that token starts before it); a snapshot
-    group keeps the one snapshot taken at the chunk's end, and none when the chunk ends mid-block (no
-    snapshot exists there).
-    """
+    """(first_row, num_rows): the rows chunk ``[start, end)`` stores, as the group's kind decides (all rows
+    whose first token lies in the chunk, a window's tail of them, or the snapshot at its end)."""
     _check_chunk(group, start, end, chunk_size)
-    cr = group.tokens_per_row
-    if group.snapshots:
-        return max(0, end // cr - 1), int(end % cr == 0 and end >= cr)
-    first, stop = start // cr, _ceil_div(end, cr)
-    if group.sliding_window is not None:
-        first = max(first, (end - group.sliding_window) // cr)
-    return first, max(0, stop - first)
+    return group.kind.rows(group, start, end)
 
 
 def physical_rows_per_chunk(group: KVGroup, chunk_size: int, whole_chunks: bool = False) -> int:
-    """Rows one chunk reserves for this group: all its rows, only the window's for sliding groups, one
-    snapshot for snapshot groups.
-
-    A window of compressed rows spans one row more when a partial chunk ends inside a row, so unless chunks
-    are saved ``whole_chunks`` (every end a multiple of the compress ratio) that row is reserved too.
-    """
-    if group.snapshots:
-        return 1
-    cr = group.tokens_per_row
-    full = _ceil_div(chunk_size, cr)
-    if group.sliding_window is None:
-        return full
-    misaligned_end = int(cr > 1 and not whole_chunks)
-    return min(full, max(1, group.sliding_window // cr) + misaligned_end)
+    """Rows one chunk reserves for this group, as its kind decides; ``whole_chunks``: every chunk is saved
+    whole (a window of compressed rows needs one row more where a partial chunk ends inside a row)."""
+    return group.kind.rows_per_chunk(group, chunk_size, whole_chunks)
 
 
 # Up to this many slots a batch is computed in plain Python: block rows give a handful per chunk, and a dozen

@@ -1,7 +1,8 @@
 """Store a layout's KV caches through LMCache, wipe them, load them back and compare every row, bit for bit.
 
-The request is what vLLM would send: token ids and, per group, random distinct non-null block ids (sliding
-groups get the null block 0 wherever no stored chunk keeps a row, as vLLM frees out-of-window blocks). The
+The request is what vLLM would send: token ids and, per group, random distinct non-null block ids (groups whose
+kind reads only a window get the null block 0 wherever no stored chunk keeps a row, as vLLM frees out-of-window
+blocks). The
 load goes to DIFFERENT random blocks with the same null pattern, so a row that lands in the wrong place is
 caught. After the load, every row that must come back equals the stored one, and every other row of every
 plane (null blocks, skipped state groups, unused blocks) is still zero.
@@ -76,7 +77,7 @@ def make_request(layout: KVLayout, num_tokens: int, seed: int = 0) -> Request:
             raise ValueError(f"{group.describe()}: {num_tokens} tokens need {blocks} blocks, the planes hold "
                              f"{pool} (block 0 is the null block)")
         keep = torch.ones(blocks, dtype=torch.bool)
-        if group.sliding_window is not None and group.index in saved:
+        if group.kind.reach(group) is not None and not group.kind.snapshots and group.index in saved:
             keep[:] = False
             for start in range(0, stored, chunk):
                 first, count = chunk_rows(group, start, min(start + chunk, stored), chunk)

@@ -46,7 +46,7 @@ class GroupPlan:
 
     @property
     def snapshot_groups(self) -> tuple[int, ...]:
-        return tuple(i for i in self.saved if self.groups[i].snapshots)
+        return tuple(i for i in self.saved if self.groups[i].kind.snapshots)
 
     @property
     def hits_allowed(self) -> bool:

@@ -116,7 +116,7 @@ def build_layout(
         group = group_of.get(name)
         if group is None:
             continue
-        if group.snapshots:
+        if group.kind.snapshots:
             entries.append(LayerEntry(name, tuple(snapshot_planes(name, group, value))))
             continue
         items = value if isinstance(value, torch.Tensor) else list(value)

@@ -167,7 +167,7 @@ def build_request_meta(
     ends: tuple[int, ...] = ()
     if not skip_save:
         aligned = skip_leading // chunk_size * chunk_size
-        rows = [g for g in groups if not g.snapshots]  # a snapshot row exists only at a state end
+        rows = [g for g in groups if not g.kind.snapshots]  # a snapshot row exists only at a state end
         savable = first_savable_token(rows, block_ids, aligned, num_to_save, chunk_size)
         skip_leading = max(skip_leading, savable)
         tracker.num_saved_tokens = num_to_save
