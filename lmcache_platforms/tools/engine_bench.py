@@ -179,10 +179,10 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     if same_engine:
         stored = Transfers(stored.tokens[:len(served)], stored.bytes[:len(served)], stored.seconds[:len(served)])
         warm, loaded = cold["requests"][len(served):], parse_lines(cold_log, "load")
-        memcpy_s = cold["memcpy_s"]
+        memcpy_s, loading = cold["memcpy_s"], cold
     else:
-        result = runner.run(f"{tier}-warm", _spec(bench, model_dir, served, f"{tier}-warm", per_request), env)
-        warm, memcpy_s = result["requests"], result["memcpy_s"]
+        loading = runner.run(f"{tier}-warm", _spec(bench, model_dir, served, f"{tier}-warm", per_request), env)
+        warm, memcpy_s = loading["requests"], loading["memcpy_s"]
         loaded = parse_lines(runner.logs[-1].read_text(), "load")
     memcpy_gbps = per_request / memcpy_s / 1e9
     return {
@@ -201,7 +201,17 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
         "warm_ttft_s": _median([r["ttft_s"] for r in warm]),
         "hit_tokens": [r["lmcache_hit_tokens"] for r in warm],
         "published_tokens": published,
+        "rss_after_warmup_MiB": loading.get("rss_after_warmup_mib"),
+        "rss_growth_MiB": _growth(loading),
     }
+
+
+def _growth(result: dict[str, Any]) -> float | None:
+    """How far the loading pass's measured requests raised its resident memory above what it held after the
+    warm-up (engine, model, a prefill of the longest prompt): LMCache's objects in its CPU tier and every
+    buffer of a request's store and load."""
+    peak, base = result.get("peak_rss_requests_mib"), result.get("rss_after_warmup_mib")
+    return None if peak is None or base is None else peak - base
 
 
 def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, Any]:

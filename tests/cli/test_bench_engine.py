@@ -86,3 +86,5 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
     assert row["stored_bytes_per_request"] == per_row * (tokens + 3 * 4 * 64) + 8 * 128
     assert row["read_bytes_per_request"] == per_row * (tokens + 3 * 64) + 5 * 128
     assert row["store_x_memcpy"] > 0 and row["load_x_memcpy"] > 0
+    # The pass's memory: an engine holds far more than 100 MiB after its warm-up; the requests' growth is known.
+    assert row["rss_after_warmup_MiB"] > 100 and isinstance(row["rss_growth_MiB"], float)

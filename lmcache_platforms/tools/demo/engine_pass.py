@@ -84,6 +84,21 @@ def _top_logits(step: dict[int, Any]) -> list[list[float]]:
     return [[token, float(entry.logprob)] for token, entry in ranked]
 
 
+def _memory_mib(field: str) -> float | None:
+    """``VmRSS`` (resident now) or ``VmHWM`` (the most resident since the last ``_reset_peak``) of this process,
+    in MiB; None where ``/proc`` does not say."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    return next((int(line.split()[1]) / 1024 for line in lines if line.startswith(f"{field}:")), None)
+
+
+def _reset_peak() -> None:
+    """Start ``VmHWM`` again from what is resident now (Linux: ``clear_refs`` 5)."""
+    clear = Path("/proc/self/clear_refs")
+    if clear.exists():
+        clear.write_text("5")
+
+
 def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
@@ -146,6 +161,9 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     progress(f"engine ready in {result['engine_start_s']:.1f} s, {len(result['kv_groups'])} KV-cache groups; "
              "warm-up request")
     result["warmup"] = _serve(llm, spec["warmup"], params)
+    # What the requests add to the memory the engine and a prefill of the longest prompt (the warm-up) hold.
+    result["rss_after_warmup_mib"] = _memory_mib("VmRSS")
+    _reset_peak()
     requests = []
     for request in spec["requests"]:
         requests.append(_serve(llm, request, params))
@@ -154,6 +172,7 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
                  f"{done['prefill_s']:.3f} s), LMCache hit {done['lmcache_hit_tokens']}/{done['prompt_tokens']} "
                  "tokens")
     result["requests"] = requests
+    result["peak_rss_requests_mib"] = _memory_mib("VmHWM")
     if spec.get("memcpy_bytes"):
         from lmcache_platforms.tools.copy_reference import memcpy_seconds
 
