@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--groups", type=int, default=6, help="prefixes of the --servers workload (default 6)")
     scale.add_argument("--rounds", type=int, default=3,
                        help="rounds of the --servers workload, each prefix once per round (default 3)")
+    scale.add_argument("--concurrency", type=int, default=1,
+                       help="requests each server has in flight at once in the --servers workload (default 1)")
     parser.add_argument("--backend", default=None,
                         help="auto, torch, cpu, triton, ascend (default: platforms.kernel_backend setting)")
     parser.add_argument("--chunks", type=int, default=None, help="move at most N whole chunks (default: all)")
@@ -462,21 +464,21 @@ def run_scale_out(args: argparse.Namespace) -> int:
         counts = ()
     if not counts or min(counts) < 1:
         return _fail(f"--servers takes a comma list of server counts of 1 or more, got {args.servers!r}")
-    if args.tokens < args.chunk_size or args.groups < 1 or args.rounds < 2:
-        return _fail(f"--servers needs --tokens >= --chunk-size, --groups >= 1 and --rounds >= 2, got "
-                     f"{args.tokens}, {args.chunk_size}, {args.groups}, {args.rounds}")
+    if args.tokens < args.chunk_size or args.groups < 1 or args.rounds < 2 or args.concurrency < 1:
+        return _fail(f"--servers needs --tokens >= --chunk-size, --groups >= 1, --rounds >= 2 and --concurrency "
+                     f">= 1, got {args.tokens}, {args.chunk_size}, {args.groups}, {args.rounds}, {args.concurrency}")
     model = with_context(MODELS[args.model], args.tokens + ANSWERED_TOKENS)
 
     def body(folder: Path) -> list[str]:
         bench = ScaleBench(model, ensure_model(model), counts, args.tokens, args.groups, args.rounds,
-                           args.chunk_size, folder)
+                           args.chunk_size, folder, args.concurrency)
         result = run_scale(bench, lambda line: print(line, file=sys.stderr, flush=True))
         if args.json:
             print(json.dumps(result))
         else:
             print(f"{result['model']}, {result['prefix_tokens']}-token prefixes + {result['suffix_tokens']}, "
                   f"{result['groups']} prefixes x {result['rounds']} rounds, chunk {result['chunk_size']}, "
-                  f"cores {result['cores']}")
+                  f"{result['concurrency']} in flight per server, cores {result['cores']}")
             for row in result["rows"]:
                 print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
         return [f"{row['servers']} server(s): {row['errors']} failed requests" for row in result["rows"]

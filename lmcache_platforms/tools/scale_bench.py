@@ -4,9 +4,11 @@
 The workload is ``groups`` prefixes of ``prefix_tokens`` each, asked in ``rounds`` rounds with a new suffix every
 time. In round r, group g goes to server (g + r) mod N, so from round 1 on a group usually reaches a server that
 has not seen its prefix: a hit there can only come from another server's stores in the cluster (a cross-server
-hit). Each server answers its share of a round one request after another (the per-request hit counts come from
-its metrics before and after), the servers at once; the next round starts when all are done. Every N starts
-from an empty cluster and fresh servers with vLLM's defaults (its prefix cache on).
+hit). Each server answers its share of a round with ``concurrency`` requests in flight (one after another at 1),
+the servers at once; the next round starts when all are done. A request's hit tokens are the server's own count
+for it (``--enable-prompt-tokens-details``: vLLM's prefix cache and LMCache together); on a server that had not
+seen the prefix only LMCache can hold it, as no two prefixes share a token. Every N starts from an empty cluster
+and fresh servers with vLLM's defaults (its prefix cache on).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ScaleBench:
     rounds: int
     chunk_size: int
     workdir: Path
+    concurrency: int = 1
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,13 @@ def percentile(values: list[float], fraction: float) -> float:
 def summary(servers: int, answered: list[tuple[Ask, dict[str, Any] | None]], warm_seconds: float,
             prompt_tokens: int) -> dict[str, Any]:
     """One row of the scaling table: the warm rounds' (1 on) aggregate requests/s, TTFT percentiles and hit
-    rates (vLLM's own prefix cache and LMCache together; and LMCache's hits on servers that had not seen the
-    prefix), and the failed requests of every round."""
+    rates (vLLM's own prefix cache and LMCache together; and the hits on servers that had not seen the prefix,
+    which only LMCache can give), and the failed requests of every round."""
     warm = [(ask, result) for ask, result in answered if ask.round > 0 and result is not None]
     errors = sum(result is None for _, result in answered)
     ttfts = [result["ttft_s"] for _, result in warm]
-    hits = sum(result["lmcache_hit_tokens"] + result["vllm_hit_tokens"] for _, result in warm)
-    cross = sum(result["lmcache_hit_tokens"] for ask, result in warm if not ask.seen)
+    hits = sum(result["cached_tokens"] for _, result in warm)
+    cross = sum(result["cached_tokens"] for ask, result in warm if not ask.seen)
     tokens = prompt_tokens * len(warm)
     return {
         "servers": servers, "warm_requests": len(warm), "errors": errors,
@@ -124,28 +127,32 @@ def run_servers(bench: ScaleBench, servers: int, progress: Callable[[str], None]
         config = folder / "lmcache.yaml"
         config.write_text(lmcache_yaml("redis-cluster", bench.chunk_size, 1.0, 0.0, cluster.url))
         transfer = {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"}
-        started = [VllmServer.for_model(bench.model_dir, transfer, serve_args(BLOCK_SIZE, bench.model.max_model_len),
-                                        folder / f"server-{index}.log", Resources.available(),
-                                        {"LMCACHE_CONFIG_FILE": str(config)})
+        args = [*serve_args(BLOCK_SIZE, bench.model.max_model_len), "--enable-prompt-tokens-details"]
+        started = [VllmServer.for_model(bench.model_dir, transfer, args, folder / f"server-{index}.log",
+                                        Resources.available(), {"LMCACHE_CONFIG_FILE": str(config)})
                    for index in range(servers)]
-        with contextlib.ExitStack() as stack, ThreadPoolExecutor(servers) as pool:
+        with contextlib.ExitStack() as stack, ThreadPoolExecutor(servers * bench.concurrency) as pool:
             list(pool.map(stack.enter_context, started))
             progress(f"{servers} server(s) up")
             for asks in plan:
-                def share(index: int, asks: list[Ask] = asks) -> list[tuple[Ask, dict[str, Any] | None]]:
-                    mine = [ask for ask in asks if ask.server == index]
+                def lane(index: int, mine: list[Ask]) -> list[tuple[Ask, dict[str, Any] | None]]:
+                    """One of a server's ``concurrency`` clients, each sending its requests one after another."""
                     texts = [prompt(a.group, a.round, bench.prefix_tokens, bench.model.vocab_size) for a in mine]
                     try:
                         results = run_requests(started[index].base_url,
                                                [(f"g{a.group}-r{a.round}", text_of(t), len(t))
-                                                for a, t in zip(mine, texts, strict=True)], sampling)
+                                                for a, t in zip(mine, texts, strict=True)], sampling, count_hits=False)
                     except Exception as exc:  # noqa: BLE001 - a failed request is counted, not raised
                         progress(f"server {index}: {exc}")
                         return [(a, None) for a in mine]
                     return list(zip(mine, results, strict=True))
 
+                lanes = []
+                for index in range(servers):
+                    mine = [ask for ask in asks if ask.server == index]
+                    lanes += [(index, mine[k::bench.concurrency]) for k in range(min(bench.concurrency, len(mine)))]
                 began = time.perf_counter()
-                for pairs in pool.map(share, range(servers)):
+                for pairs in pool.map(lambda work: lane(*work), lanes):
                     answered.extend(pairs)
                 if asks[0].round > 0:
                     warm_seconds += time.perf_counter() - began
@@ -158,5 +165,6 @@ def run_scale(bench: ScaleBench, progress: Callable[[str], None]) -> dict[str, A
     rows = [run_servers(bench, servers, progress) for servers in bench.servers]
     return {"model": bench.model.name, "prefix_tokens": bench.prefix_tokens, "suffix_tokens": SUFFIX_TOKENS,
             "groups": bench.groups, "rounds": bench.rounds, "chunk_size": bench.chunk_size,
+            "concurrency": bench.concurrency,
             "cores": len(Resources.available().cores), "rows": rows}
 

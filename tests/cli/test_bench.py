@@ -82,7 +82,10 @@ def test_readable_output_through_the_console_script(capsys):
     (["--layout", "llama", "--chunks", "0"], "--chunks must be at least 1, got 0"),
     (["--servers", "1,0"], "--servers takes a comma list of server counts of 1 or more, got '1,0'"),
     (["--servers", "two"], "--servers takes a comma list of server counts of 1 or more, got 'two'"),
-    (["--servers", "2", "--rounds", "1"], "--servers needs --tokens >= --chunk-size, --groups >= 1 and --rounds >= 2"),
+    (["--servers", "2", "--rounds", "1"],
+     "--servers needs --tokens >= --chunk-size, --groups >= 1, --rounds >= 2 and --concurrency >= 1"),
+    (["--servers", "2", "--concurrency", "0"],
+     "--servers needs --tokens >= --chunk-size, --groups >= 1, --rounds >= 2 and --concurrency >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

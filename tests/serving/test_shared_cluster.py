@@ -116,8 +116,8 @@ def test_three_servers_sharing_a_redis_cluster_hit_each_others_chunks_and_answer
         env = cpu_tier_env(tmp_path, f'remote_url: "{cluster.url}"\nremote_serde: naive\n')
         servers = {name: VllmServer.for_model(
             model, {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"},
-            [*serve_args(32, 1024), "--no-enable-prefix-caching"], tmp_path / f"{name}.log", Resources.available(),
-            env) for name in SERVERS}
+            [*serve_args(32, 1024), "--no-enable-prefix-caching", "--enable-prompt-tokens-details"],
+            tmp_path / f"{name}.log", Resources.available(), env) for name in SERVERS}
         with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(SERVERS)) as starting:
             for started in starting.map(stack.enter_context, servers.values()):
                 assert started.started_s > 0
@@ -139,6 +139,11 @@ def test_three_servers_sharing_a_redis_cluster_hit_each_others_chunks_and_answer
     for (_, name), result in late.items():
         assert result["lmcache_hit_tokens"] in range(0, whole[name] + 1, CHUNK), (name, result["lmcache_hit_tokens"])
     assert {r["lmcache_hit_tokens"] for r in references.values()} == {0}  # a salt shares nothing
+    # Each server's own count of a request's cached tokens (what `bench --servers` reads, with several requests
+    # in flight) equals the hit counters read around it.
+    for results in (first, crossed, late, references):
+        for key, result in results.items():
+            assert result["cached_tokens"] == result["lmcache_hit_tokens"] + result["vllm_hit_tokens"], key
     reference = {name: answer(r) for (server, name), r in references.items() if server == "a"}
     assert {key: answer(r) for key, r in references.items()} == {(s, n): reference[n] for s, n in references}
     for results in (first, crossed, late, after_kill):

@@ -43,15 +43,15 @@ def test_percentile_is_the_nearest_rank() -> None:
     assert percentile([3.0], 0.99) == 3.0
 
 
-def answer(lmcache: int, vllm: int, ttft: float) -> dict[str, Any]:
-    return {"lmcache_hit_tokens": lmcache, "vllm_hit_tokens": vllm, "ttft_s": ttft}
+def answer(cached: int, ttft: float) -> dict[str, Any]:
+    return {"cached_tokens": cached, "ttft_s": ttft}
 
 
 def test_the_row_counts_warm_rounds_only_and_cross_server_hits_where_the_prefix_was_new() -> None:
     answered = [
-        (Ask(0, 0, 0, False), answer(0, 0, 9.0)),  # round 0: computed, not in the row
-        (Ask(1, 1, 0, False), answer(256, 0, 0.1)),  # another server's stores
-        (Ask(1, 0, 1, True), answer(0, 224, 0.3)),  # its own prefix cache
+        (Ask(0, 0, 0, False), answer(0, 9.0)),  # round 0: computed, not in the row
+        (Ask(1, 1, 0, False), answer(256, 0.1)),  # another server's stores
+        (Ask(1, 0, 1, True), answer(224, 0.3)),  # its own prefix cache (or LMCache: not counted as cross)
         (Ask(2, 1, 1, False), None),  # failed
     ]
     row = summary(2, answered, 0.5, 300)

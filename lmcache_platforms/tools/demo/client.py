@@ -2,7 +2,8 @@
 where each request's prefix came from (LMCache or vLLM's own prefix cache).
 
 Requests go one at a time, so each TTFT is one request's own and the server's hit counters (``/metrics``) can be
-attributed to the request between two reads. Tokens come back as ids (``return_tokens_as_token_ids``: text
+attributed to the request between two reads. Clients sending to one server at once (``bench --servers
+--concurrency``) leave the counters alone (``count_hits=False``) and take the server's own count per request. Tokens come back as ids (``return_tokens_as_token_ids``: text
 pieces would make the identity check inexact); with ``vllm serve --logprobs-mode raw_logits`` the top-k values
 are the model's bf16 logits, so a difference can be counted in bf16 steps.
 """
@@ -69,10 +70,14 @@ def choice_tokens(choice: Any) -> tuple[list[int], list[list[list[float]]]] | No
 
 
 def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_tokens: int, sampling: Sampling,
-                      base_url: str, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+                      base_url: str, extra_body: dict[str, Any] | None = None,
+                      count_hits: bool = True) -> dict[str, Any]:
     """Send one prompt (with vLLM's ``extra_body`` fields, e.g. ``cache_salt``), stream the answer; the
-    per-request result the demo and the tests compare."""
-    before = hit_counters(base_url)
+    per-request result the demo and the tests compare. ``count_hits``: split the hit tokens between LMCache and
+    vLLM's own cache from the server's counters, which is right only while no other request runs (else None);
+    ``cached_tokens`` is the server's own count of both for this request, where it reports one
+    (``--enable-prompt-tokens-details``)."""
+    before = hit_counters(base_url) if count_hits else None
     started = time.perf_counter()
     first_token_s: float | None = None
     tokens: list[int] = []
@@ -95,15 +100,16 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
             tokens += got[0]
             top_logits += got[1]
     latency = time.perf_counter() - started
-    after = hit_counters(base_url)
+    after = hit_counters(base_url) if count_hits else None
     if usage is not None and usage.prompt_tokens != prompt_tokens:
         raise AssertionError(f"{name}: the server counted {usage.prompt_tokens} prompt tokens, the workload "
                              f"{prompt_tokens}: the tokenizer does not map one word to one token")
     return {
         "name": name,
         "prompt_tokens": prompt_tokens,
-        "lmcache_hit_tokens": after["lmcache"] - before["lmcache"],
-        "vllm_hit_tokens": after["vllm"] - before["vllm"],
+        "lmcache_hit_tokens": after["lmcache"] - before["lmcache"] if after and before else None,
+        "vllm_hit_tokens": after["vllm"] - before["vllm"] if after and before else None,
+        "cached_tokens": getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None),
         "ttft_s": first_token_s,
         "latency_s": latency,
         "tokens": tokens,
@@ -112,14 +118,15 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
 
 
 def run_requests(base_url: str, requests: list[tuple[str, str, int]], sampling: Sampling,
-                 headers: dict[str, str] | None = None, extra_body: dict[str, Any] | None = None
-                 ) -> list[dict[str, Any]]:
+                 headers: dict[str, str] | None = None, extra_body: dict[str, Any] | None = None,
+                 count_hits: bool = True) -> list[dict[str, Any]]:
     """``requests`` as (name, prompt text, prompt token count), one after another, over one connection sending
-    ``headers`` (e.g. vLLM's ``X-data-parallel-rank``, which picks the data-parallel engine) and ``extra_body``."""
+    ``headers`` (e.g. vLLM's ``X-data-parallel-rank``, which picks the data-parallel engine) and ``extra_body``;
+    ``count_hits`` as for ``stream_completion``."""
     from openai import OpenAI
 
     with OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600.0,
                 default_headers=headers) as client:
         model = served_model(client)
-        return [stream_completion(client, model, name, prompt, count, sampling, base_url, extra_body)
+        return [stream_completion(client, model, name, prompt, count, sampling, base_url, extra_body, count_hits)
                 for name, prompt, count in requests]
