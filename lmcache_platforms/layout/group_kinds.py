@@ -37,6 +37,12 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _window(group: GroupFields) -> int:
+    """The window of a group whose kind reads one (``SlidingWindow.check`` refuses a group without)."""
+    assert group.sliding_window is not None, group.describe()
+    return group.sliding_window
+
+
 @dataclass(frozen=True)
 class GroupKind:
     """Full attention: a chunk stores every row whose first token lies in it, and a hit reads every chunk."""
@@ -98,22 +104,23 @@ class SlidingWindow(GroupKind):
                               f"sliding_window {window}")
 
     def rows(self, group: GroupFields, start: int, end: int) -> tuple[int, int]:
-        cr, window = group.tokens_per_row, group.sliding_window or 0
-        first, stop = max(start // cr, (end - window) // cr), _ceil_div(end, cr)
-        return first, max(0, stop - first)
+        """At least the row holding the chunk's last token: the window is positive (``check``)."""
+        cr = group.tokens_per_row
+        first = max(start // cr, (end - _window(group)) // cr)
+        return first, _ceil_div(end, cr) - first
 
     def rows_per_chunk(self, group: GroupFields, chunk_size: int, whole_chunks: bool) -> int:
         """The window's rows, and one more for compressed rows unless chunks are saved whole: a partial chunk
         ending inside a row needs the row holding the window's first token too."""
-        cr, window = group.tokens_per_row, group.sliding_window or 0
+        cr = group.tokens_per_row
         misaligned_end = int(cr > 1 and not whole_chunks)
-        return min(_ceil_div(chunk_size, cr), max(1, window // cr) + misaligned_end)
+        return min(_ceil_div(chunk_size, cr), max(1, _window(group) // cr) + misaligned_end)
 
     def reach(self, group: GroupFields) -> int | None:
         return group.sliding_window
 
     def block_rows_fit(self, group: GroupFields, chunk_size: int) -> bool:
-        return super().block_rows_fit(group, chunk_size) and (group.sliding_window or 0) % group.tokens_per_block == 0
+        return super().block_rows_fit(group, chunk_size) and _window(group) % group.tokens_per_block == 0
 
 
 @dataclass(frozen=True)

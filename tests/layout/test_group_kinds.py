@@ -32,6 +32,10 @@ def test_the_fields_pick_the_built_in_kind_and_a_given_kind_stays() -> None:
     windowed_state = KVGroup(0, 16, is_state=True, sliding_window=32)
     assert windowed_state.kind == State() and not windowed_state.kind.saved_by_default
     assert chunk_rows(windowed_state, 64, 128, 64) == (96, 32) and windowed_state.kind.reach(windowed_state) == 32
+    compressed_state = KVGroup(0, 4, tokens_per_row=4, is_state=True, sliding_window=32)
+    assert [physical_rows_per_chunk(compressed_state, 64, whole) for whole in (True, False)] == [8, 9]
+    assert block_row_group(windowed_state, 64) is not None
+    assert block_row_group(dataclasses.replace(windowed_state, sliding_window=24), 64) is None
     assert KVGroup(0, 1, tokens_per_row=16, is_state=True, snapshots=True).kind == Snapshots()
     given_kind = KVGroup(0, 16, sliding_window=32, kind=TailWindow())
     assert given_kind.kind == TailWindow() != SlidingWindow()

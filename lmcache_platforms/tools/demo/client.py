@@ -3,9 +3,10 @@ where each request's prefix came from (LMCache or vLLM's own prefix cache).
 
 Requests go one at a time, so each TTFT is one request's own and the server's hit counters (``/metrics``) can be
 attributed to the request between two reads. Clients sending to one server at once (``bench --servers
---concurrency``) leave the counters alone (``count_hits=False``) and take the server's own count per request. Tokens come back as ids (``return_tokens_as_token_ids``: text
-pieces would make the identity check inexact); with ``vllm serve --logprobs-mode raw_logits`` the top-k values
-are the model's bf16 logits, so a difference can be counted in bf16 steps.
+--concurrency``) leave the counters alone (``count_hits=False``) and take the server's own count per request.
+Tokens come back as ids (``return_tokens_as_token_ids``: text pieces would make the identity check inexact);
+with ``vllm serve --logprobs-mode raw_logits`` the top-k values are the model's bf16 logits, so a difference
+can be counted in bf16 steps.
 """
 
 from __future__ import annotations
