@@ -28,6 +28,29 @@ def test_import_activates_once_without_importing_upstream():
     assert (lmcache_loaded, vllm_loaded) == (False, False)
 
 
+# Run first in the child: LMCache (and vLLM) look uninstalled, as on the GPU image `make device-check` runs on.
+_HIDE_UPSTREAM = """
+import sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("lmcache", "vllm"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Hide())
+"""
+
+
+def test_without_lmcache_a_layout_import_activates_with_every_patch_not_applicable():
+    """The kernel contract suite and the bench run where LMCache is not installed: importing the layout there
+    activates cleanly (no error, nothing to refuse), every patch standing aside."""
+    code = _HIDE_UPSTREAM + ("import json, lmcache_platforms.layout, lmcache_platforms as p; s = p.status()\n"
+                             "states = sorted({x['state'] for x in s['patches']})\n"
+                             "print(json.dumps([s['activated'], s['error'], states]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                            env={**os.environ, "LMCACHE_PLATFORMS_DISABLE": ""})
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [True, None, ["not applicable"]]
+    assert "ERROR" not in result.stderr and "not activated" not in result.stderr, result.stderr
+
+
 def test_disable_switch_applies_nothing():
     code = ("import json, lmcache_platforms as p, lmcache.integration.vllm.vllm_v1_adapter as a;"
             "print(json.dumps([p.status(), a.LMCacheConnectorV1Impl.__module__]))")

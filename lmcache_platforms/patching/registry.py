@@ -101,13 +101,16 @@ class PatchRegistry:
 
     def apply(self) -> None:
         """Check versions, then patch what is imported and hook the rest. Raises UnsupportedUpstreamVersion
-        (nothing applied) when an applicable patch targets an unknown upstream version."""
+        (nothing applied) when an applicable patch targets an unknown upstream version. A patch whose target's
+        top-level package is not installed is not applicable: a machine without LMCache (``make device-check``
+        on a GPU image) runs the layout and kernels with nothing to patch and nothing to refuse."""
         with self._lock:
             if self._active:
                 return
             applicable = []
             for record in self.records:
-                missing = [m for m in record.patch.requires if not _installed(m)]
+                needed = dict.fromkeys((record.patch.module.split(".")[0], *record.patch.requires))
+                missing = [m for m in needed if not _installed(m)]
                 if _kept(record.patch):
                     record.state = PatchState.NOT_APPLICABLE
                     record.detail = f"upstream's kept: {record.patch.kept_by} is set"

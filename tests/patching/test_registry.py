@@ -90,6 +90,16 @@ def test_a_failing_patch_rolls_back_the_ones_before_it(modules):
     assert registry.failed == [registry.records[1]]
 
 
+def test_patch_of_an_absent_package_is_not_applicable_and_refuses_no_version(modules):
+    """Its versions could not be checked (nothing installed to check), so the patch stands aside instead."""
+    absent = Patch(target="no_such_package_for_sure.mod:thing", replacement=f"{modules}.ours:thing",
+                   versions="no_such_package_for_sure==1.0")
+    registry = PatchRegistry([absent], version_of=lambda name: None)
+    registry.apply()
+    record = registry.records[0]
+    assert (record.state, record.detail) == (PatchState.NOT_APPLICABLE, "no_such_package_for_sure not installed")
+
+
 def test_patch_needing_an_absent_module_is_not_applicable(modules):
     registry = PatchRegistry([_patch(modules, requires=("no_such_module_for_sure",))])
     registry.apply()
