@@ -182,6 +182,10 @@ class Snapshots(GroupKind):
         return False
 
 
+BUILT_IN_KINDS = (FullAttention, SlidingWindow, State, Snapshots)
+"""The kinds a group's fields describe: a group's built-in kind is always the one its fields pick."""
+
+
 def kind_from_fields(snapshots: bool, is_state: bool, sliding_window: int | None) -> GroupKind:
     """The built-in kind a group's fields describe (layout files and vLLM's specs give these fields)."""
     if snapshots:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from lmcache_platforms.layout.errors import LayoutError
-from lmcache_platforms.layout.group_kinds import GroupKind, kind_from_fields
+from lmcache_platforms.layout.group_kinds import BUILT_IN_KINDS, GroupKind, kind_from_fields
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,9 @@ class KVGroup:
     ``snapshots`` marks a state group whose rows are per-block snapshots of a recurrent state (vLLM's Mamba
     groups in align mode): one row per block, ``tokens_per_row`` = the block's tokens.
 
-    ``kind`` answers every question that differs between kinds of group (``group_kinds``); left out, it is the
-    built-in kind the fields describe.
+    ``kind`` answers every question that differs between kinds of group (``group_kinds``). Left out or built
+    in, it is the built-in kind the fields describe, so ``dataclasses.replace`` of a field never leaves a stale
+    kind behind; any other kind given is kept.
     """
 
     index: int
@@ -34,7 +35,7 @@ class KVGroup:
     kind: GroupKind = None  # type: ignore[assignment]  # set by __post_init__ when not given
 
     def __post_init__(self) -> None:
-        if self.kind is None:
+        if self.kind is None or type(self.kind) in BUILT_IN_KINDS:
             object.__setattr__(self, "kind", kind_from_fields(self.snapshots, self.is_state, self.sliding_window))
 
     @property

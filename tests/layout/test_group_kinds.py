@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.layout import (
     FullAttention,
+    GroupKind,
     KVGroup,
     LayoutError,
     SlidingWindow,
@@ -37,6 +38,9 @@ def test_the_fields_pick_the_built_in_kind_and_a_given_kind_stays() -> None:
     assert block_row_group(windowed_state, 64) is not None
     assert block_row_group(dataclasses.replace(windowed_state, sliding_window=24), 64) is None
     assert KVGroup(0, 1, tokens_per_row=16, is_state=True, snapshots=True).kind == Snapshots()
+    # A built-in kind always follows the fields, also through dataclasses.replace; another kind given is kept.
+    assert dataclasses.replace(KVGroup(0, 16, sliding_window=32), sliding_window=None).kind == FullAttention()
+    assert KVGroup(0, 16, sliding_window=32, kind=FullAttention()).kind == SlidingWindow()
     given_kind = KVGroup(0, 16, sliding_window=32, kind=TailWindow())
     assert given_kind.kind == TailWindow() != SlidingWindow()
     assert dataclasses.replace(given_kind, block_size=1, tokens_per_row=16).kind == TailWindow()
@@ -45,8 +49,8 @@ def test_the_fields_pick_the_built_in_kind_and_a_given_kind_stays() -> None:
 @pytest.mark.parametrize(("group", "message"), [
     (KVGroup(2, 16, is_state=True, sliding_window=-32, spec_name="MambaSpec"),
      "group 2 (MambaSpec): sliding_window must be positive, got -32"),
-    (KVGroup(0, 16, sliding_window=32, kind=FullAttention()), "group 0: a full attention group has no sliding "
-                                                              "window, got 32"),
+    (KVGroup(0, 16, sliding_window=32, kind=GroupKind()), "group 0: a full attention group has no sliding "
+                                                          "window, got 32"),
     (KVGroup(1, 16, sliding_window=0), "group 1: sliding_window must be positive, got 0"),
     (KVGroup(1, 4, tokens_per_row=4, sliding_window=6), "group 1: tokens_per_row 4 does not divide sliding_window 6"),
     (KVGroup(3, 2, tokens_per_row=16, snapshots=True), "group 3: a snapshot group has one row per block and no "
