@@ -37,7 +37,7 @@ from lmcache_platforms.tools.demo.client import choice_tokens, served_model
 from lmcache_platforms.tools.demo.identity import compare
 from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
 from lmcache_platforms.tools.demo.report import MAX_LOGIT_DRIFT_BF16_STEPS
-from lmcache_platforms.tools.demo.runners import Resources, free_port_run
+from lmcache_platforms.tools.demo.runners import Resources, free_port_run, status_kib
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, TOP_LOGITS
 from lmcache_platforms.tools.demo.server import VllmServer, http_get, require_vllm_command
 from lmcache_platforms.tools.demo.server_pass import serve_args
@@ -164,10 +164,10 @@ def worker_pids(group: int) -> list[int]:
 
 
 def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    kib = status_kib("VmRSS", pid)
+    if kib is None:
+        raise RuntimeError(f"no VmRSS for process {pid}")
+    return kib * 1024
 
 
 class RssSampler:

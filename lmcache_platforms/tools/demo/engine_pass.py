@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcache_platforms.tools.demo.model import ModelSpec
+from lmcache_platforms.tools.demo.runners import status_kib
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, TOP_LOGITS
 from lmcache_platforms.tools.demo.workload import Request, WorkloadSpec, warmup_request
 
@@ -87,9 +88,8 @@ def _top_logits(step: dict[int, Any]) -> list[list[float]]:
 def _memory_mib(field: str) -> float | None:
     """``VmRSS`` (resident now) or ``VmHWM`` (the most resident since the last ``_reset_peak``) of this process,
     in MiB; None where ``/proc`` does not say."""
-    status = Path("/proc/self/status")
-    lines = status.read_text().splitlines() if status.exists() else []
-    return next((int(line.split()[1]) / 1024 for line in lines if line.startswith(f"{field}:")), None)
+    kib = status_kib(field) if Path("/proc/self/status").exists() else None
+    return None if kib is None else kib / 1024
 
 
 def _reset_peak() -> None:

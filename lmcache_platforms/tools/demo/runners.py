@@ -155,6 +155,15 @@ def kill_group(process: GroupLeader, settle_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+def status_kib(field: str, pid: int | str = "self") -> int | None:
+    """A memory line of ``/proc/PID/status`` in KiB (``VmRSS``: resident now; ``VmHWM``: the most resident since
+    the start or the last reset of the peak), None where the file has no such line."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return None
+
+
 @dataclass
 class _Relay:
     """Forwards new lines of a pass's progress file."""
