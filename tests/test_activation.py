@@ -13,10 +13,13 @@ import lmcache_platforms
 from lmcache_platforms import activation
 
 
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                          env={**os.environ, **env})
+
+
 def _fresh(code: str, **env: str) -> str:
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
-                            env={**os.environ, **env})
-    return result.stdout.strip().splitlines()[-1]
+    return _run(code, **env).stdout.strip().splitlines()[-1]
 
 
 def test_import_activates_once_without_importing_upstream():
@@ -45,8 +48,7 @@ def test_without_lmcache_a_layout_import_activates_with_every_patch_not_applicab
     code = _HIDE_UPSTREAM + ("import json, lmcache_platforms.layout, lmcache_platforms as p; s = p.status()\n"
                              "states = sorted({x['state'] for x in s['patches']})\n"
                              "print(json.dumps([s['activated'], s['error'], states]))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
-                            env={**os.environ, "LMCACHE_PLATFORMS_DISABLE": ""})
+    result = _run(code, LMCACHE_PLATFORMS_DISABLE="")
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [True, None, ["not applicable"]]
     assert "ERROR" not in result.stderr and "not activated" not in result.stderr, result.stderr
 
