@@ -165,8 +165,8 @@ def current_registry() -> PatchRegistry | None:
 
 
 def activate_or_log() -> Activation | None:
-    """Activation for callers that must go on without it (an import, vLLM's plugin loader, the CLI): the error
-    is logged and kept for ``status()``; our connector refuses to run later with the reason."""
+    """Activation for the package's import, which must go on without it: the error is logged once and kept for
+    ``status()``; our connector refuses to run later with the reason."""
     try:
         return activate()
     except Exception as exc:  # noqa: BLE001 - the host process must keep running; status() carries it
@@ -176,9 +176,8 @@ def activate_or_log() -> Activation | None:
 
 def vllm_plugin() -> None:
     """Entry point ``vllm.general_plugins``: vLLM calls it in every process it starts (API server, engine
-    core, workers), after importing ``lmcache_platforms.activation``, whose package activated already: this call
-    returns that state, or tries again where that attempt failed."""
-    activate_or_log()
+    core, workers). Importing this module to find it imported the package, which activated (or logged why
+    not), so nothing is left to do: trying again would only log the same error twice."""
 
 
 def reset_for_tests() -> None:

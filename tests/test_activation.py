@@ -53,6 +53,15 @@ def test_without_lmcache_a_layout_import_activates_with_every_patch_not_applicab
     assert "ERROR" not in result.stderr and "not activated" not in result.stderr, result.stderr
 
 
+def test_a_failed_activation_is_logged_once_through_vllms_plugin_loader():
+    """Importing the plugin's module activated the package already; the plugin call must not try again and log
+    the same error a second time (it did, with the package import and the plugin both activating)."""
+    code = "import vllm.plugins; vllm.plugins.load_general_plugins(); print('loaded')"
+    result = _run(code, LMCACHE_PLATFORMS_DEVICE="no-such-device", LMCACHE_PLATFORMS_DISABLE="")
+    assert result.stdout.strip().splitlines()[-1] == "loaded"
+    assert result.stderr.count("lmcache_platforms not activated") == 1, result.stderr
+
+
 def test_disable_switch_applies_nothing():
     code = ("import json, lmcache_platforms as p, lmcache.integration.vllm.vllm_v1_adapter as a;"
             "print(json.dumps([p.status(), a.LMCacheConnectorV1Impl.__module__]))")

@@ -26,10 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lmcache_platforms.activation import activate_or_log
-
+    """Importing this module activated the package (``lmcache_platforms/__init__.py``), as any import of it does."""
     args = build_parser().parse_args(argv)
-    activate_or_log()
     module = importlib.import_module(f"lmcache_platforms.cli.{args.command}")
     return int(module.run(args) or 0)
 
