@@ -40,8 +40,9 @@ class Patch:
     ``from target_module import attr`` and so hold the original object under the same name: they are rebound
     too. A dotted attribute (``Class.method``) replaces a class member. With ``wrapper``, ``replacement`` is
     called with the original (the raw class attribute, e.g. a classmethod object) and returns what to install.
-    ``requires`` names top-level modules that must be installed for the patch to apply at all (otherwise it is
-    "not applicable", e.g. vLLM integration on a machine without vLLM). ``kept_by`` names an environment flag
+    ``requires`` names top-level modules that must be installed for the patch to apply at all, besides the
+    target's own package, which always must (otherwise it is "not applicable", e.g. vLLM integration on a machine
+    without vLLM). ``kept_by`` names an environment flag
     that, set to 1/true/yes/on, leaves the upstream symbol as it is (also "not applicable").
     """
 
