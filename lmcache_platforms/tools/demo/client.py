@@ -58,13 +58,16 @@ def served_model(client: Any) -> str:
 
 def choice_tokens(choice: Any) -> tuple[list[int], list[list[list[float]]]] | None:
     """A streamed choice's token ids and, per token, its top-k (token id, raw logit) pairs ranked high to low
-    (ties by id); None when the choice carries no token."""
+    (ties by id); None when the choice carries no token. A null logit (NaN or infinite) raises ValueError."""
     logprobs = choice.logprobs
     if logprobs is None or not logprobs.tokens:
         return None
     tokens = [token_id(piece) for piece in logprobs.tokens]
     top_logits = []
     for step in logprobs.top_logprobs or []:
+        if any(v is None for v in step.values()):
+            raise ValueError(f"the server sent a null logit ({step}): the model computed NaN or an infinity, which "
+                             f"JSON cannot carry")
         ranked = sorted(((token_id(p), float(v)) for p, v in step.items()), key=lambda tv: (-tv[1], tv[0]))
         top_logits.append([[t, v] for t, v in ranked])
     return tokens, top_logits
@@ -93,7 +96,10 @@ def stream_completion(client: Any, model: str, name: str, prompt: str, prompt_to
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
-            got = choice_tokens(choice)
+            try:
+                got = choice_tokens(choice)
+            except ValueError as exc:
+                raise AssertionError(f"{name}: after {len(tokens)} answer tokens {tokens}: {exc}") from exc
             if got is None:
                 continue
             if first_token_s is None:
