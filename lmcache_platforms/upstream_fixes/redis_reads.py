@@ -21,7 +21,8 @@ time. A chunk is several objects (one per part), so a 2,048-token hit was dozens
 answer LMCache's batched forms (``batched_get``, ``batched_contains``, announced by ``batched_remote``; the
 async lookup's ``_batched_async_contains``) with one pipeline: every ``EXISTS``, or both values of every
 object, in one round trip (on a cluster, one per node holding some of them, sent together). Each value is then
-checked as above.
+checked as above. On one ``redis://`` server over plain TCP a load's pipeline is read on a connection of our
+own, each value straight into its buffer (``redis_socket_reads``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import asyncio
 from typing import Any, Literal
 
 from lmcache_platforms.log import init_logger
+from lmcache_platforms.upstream_fixes import redis_socket_reads
 
 logger = init_logger(__name__)
 
@@ -65,24 +67,36 @@ async def _drop_orphans(client: Any, key_strs: list[str]) -> None:
     await client.delete(*(key_str + "metadata" for key_str in key_strs))
 
 
-def _received(self: Any, key_str: str, metadata_bytes: Any, kv_bytes: Any) -> Any:
-    """The chunk's MemoryObj holding ``kv_bytes``, or None (wrong length, no buffer free) with nothing allocated."""
+def _allocated(self: Any, key_str: str, metadata_bytes: Any, length: int) -> Any:
+    """A MemoryObj to receive the chunk's ``length`` bytes, or None (not the length its metadata says, no buffer
+    free) with nothing allocated."""
     from lmcache.v1.protocol import RemoteMetadata
 
     metadata = RemoteMetadata.deserialize(memoryview(metadata_bytes))
-    data = memoryview(kv_bytes.encode() if isinstance(kv_bytes, str) else kv_bytes).cast("B")
-    if data.nbytes != metadata.length:
+    if length != metadata.length:
         logger.error("Redis value of LMCache chunk %s holds %d bytes, its metadata says %d: not loaded", key_str,
-                     data.nbytes, metadata.length)
+                     length, metadata.length)
         return None
     memory_obj = self.local_cpu_backend.allocate(metadata.shapes, metadata.dtypes, metadata.fmt)
     if memory_obj is None:
         logger.warning("no LMCache buffer free to receive Redis chunk %s: a miss", key_str)
+    return memory_obj
+
+
+def _byte_view(memory_obj: Any) -> memoryview:
+    """A MemoryObj's bytes, writable."""
+    view = memory_obj.byte_array
+    return view.cast("B") if isinstance(view, memoryview) else memoryview(view)
+
+
+def _received(self: Any, key_str: str, metadata_bytes: Any, kv_bytes: Any) -> Any:
+    """The chunk's MemoryObj holding ``kv_bytes``, or None (wrong length, no buffer free) with nothing allocated."""
+    data = memoryview(kv_bytes.encode() if isinstance(kv_bytes, str) else kv_bytes).cast("B")
+    memory_obj = _allocated(self, key_str, metadata_bytes, data.nbytes)
+    if memory_obj is None:
         return None
     try:
-        view = memory_obj.byte_array
-        view = view.cast("B") if isinstance(view, memoryview) else memoryview(view)
-        view[: metadata.length] = data
+        _byte_view(memory_obj)[: data.nbytes] = data
     except Exception:
         memory_obj.ref_count_down()
         raise
@@ -128,6 +142,18 @@ def _held(answer: Any) -> bool:
 
 
 async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
+    reader = redis_socket_reads.reader_of(self)
+    if reader is not None:
+        try:
+            by_socket = await asyncio.to_thread(_read_by_socket, self, reader, keys)
+        except TimeoutError:
+            raise  # a store past its socket_timeout: redis-py would wait as long again
+        except Exception as exc:  # noqa: BLE001 - redis-py reads the load instead, and reports a store down
+            logger.warning("Redis load on lmcache_platforms' own connection failed (%s: %s): read through redis-py",
+                           type(exc).__name__, exc)
+        else:
+            if by_socket is not None:
+                return by_socket
     pairs = await _both_values(self, keys, "get")
     # LMCache loads the objects up to the first it cannot have: none after it is received (or allocated).
     received: list[Any] = []
@@ -140,6 +166,38 @@ async def _batched_get(self: Any, keys: list[Any]) -> list[Any]:
                 logger.error("Redis chunk %s cannot be read (%s: %s): not loaded", key_str, type(exc).__name__, exc)
         received.append(memory_obj)
     return received
+
+
+def _read_by_socket(self: Any, reader: redis_socket_reads.SocketReader, keys: list[Any]) -> list[Any] | None:
+    """``_batched_get`` on the connector's own connection, each value read into its buffer; None (nothing kept)
+    where an object's ``metadata`` came without its ``kv_bytes``, which ``_both_values`` sorts out."""
+    names = [key.to_string() for key in keys]
+    taken: list[Any] = [None] * len(keys)
+
+    def receive(index: int, metadata: bytes, length: int) -> memoryview | None:
+        if index > 0 and taken[index - 1] is None:  # the hit ended before this object
+            return None
+        try:
+            taken[index] = _allocated(self, names[index], metadata, length)
+        except Exception as exc:  # noqa: BLE001 - one unreadable object is a miss there, as a single read's
+            logger.error("Redis chunk %s cannot be read (%s: %s): not loaded", names[index], type(exc).__name__, exc)
+        return None if taken[index] is None else _byte_view(taken[index])[:length]
+
+    try:
+        received = reader.read(names, receive)
+    except BaseException:
+        _release(taken)
+        raise
+    if any(r.metadata is not None and not r.kv_held for r in received):
+        _release(taken)
+        return None
+    return taken
+
+
+def _release(memory_objs: list[Any]) -> None:
+    for memory_obj in memory_objs:
+        if memory_obj is not None:
+            memory_obj.ref_count_down()
 
 
 async def _present_prefix(self: Any, keys: list[Any]) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.tools.engine import LayoutEngine
+from lmcache_platforms.upstream_fixes.redis_socket_reads import SocketReader
 from tests.upstream_originals import put_back
 
 UPSTREAM_READ_PATHS = ("support_batched_get", "batched_get", "support_batched_contains", "batched_contains",
@@ -40,12 +41,21 @@ def upstream_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 class RoundTrips:
     """The round trips a connector's Redis client makes from now on, each as the number of commands it carries:
     a single command is 1, a pipeline its length (one round trip; on a cluster, one per node holding some of its
-    keys, sent together). Counted on the real client, whose behaviour is unchanged."""
+    keys, sent together); with the load pipelines this package reads on its own connection
+    (``redis_socket_reads``), also counted in ``socket_trips``. Counted on the real client and reader, whose
+    behaviour is unchanged."""
 
     def __init__(self, connector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         client = getattr(connector, "cluster", None) or connector.connection
         self.trips: list[int] = []
+        self.socket_trips: list[int] = []
         single, make_pipeline = client.execute_command, client.pipeline
+        socket_read = SocketReader.read
+
+        def read(reader: SocketReader, names: list[str], receive: Any) -> Any:
+            self.trips.append(2 * len(names))
+            self.socket_trips.append(2 * len(names))
+            return socket_read(reader, names, receive)
 
         async def execute_command(*args: Any, **kwargs: Any) -> Any:
             self.trips.append(1)
@@ -64,6 +74,7 @@ class RoundTrips:
 
         monkeypatch.setattr(client, "execute_command", execute_command)
         monkeypatch.setattr(client, "pipeline", pipeline)
+        monkeypatch.setattr(SocketReader, "read", read)
 
     def take(self) -> list[int]:
         """The round trips since the last take, then start again."""

@@ -84,7 +84,13 @@ def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, m
     if not batched:
         upstream_reads(monkeypatch)
     request, storage, layout = _stored(store_url, seed=21)
-    lookup, load = _lookup_then_load(request, storage, layout, lambda reader: RoundTrips(reader, monkeypatch))
+    trips: list[RoundTrips] = []
+
+    def counted(connector: Any) -> RoundTrips:
+        trips.append(RoundTrips(connector, monkeypatch))
+        return trips[-1]
+
+    lookup, load = _lookup_then_load(request, storage, layout, counted)
     # A lookup asks, part by part, for every chunk from the first it needs: all of them for the full-attention
     # part, the last one for the window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up and pins
     # the same objects, checks again that each part's are all held, then LMCache asks once more which tier
@@ -93,6 +99,8 @@ def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, m
     if batched:
         assert lookup == [2 * CHUNKS, 2]
         assert load == [2 * CHUNKS, 2] * 3 + [2 * CHUNKS, 2 * CHUNKS, 2, 2]
+        # On one server the two reads go through this package's own connection; on a cluster through redis-py.
+        assert trips[0].socket_trips == ([2 * CHUNKS, 2] if store_url.startswith("redis://") else [])
     else:  # one round trip per object asked, two per object read
         assert lookup == [1] * (CHUNKS + 1)
         assert load == [1] * (6 * (CHUNKS + 1))
