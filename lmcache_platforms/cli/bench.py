@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--requests", type=int, default=3, help="prompts per tier (default 3)")
     engine.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size (default 256)")
     engine.add_argument("--tiers", default="cpu,disk,fs,redis",
-                        help="comma list of cpu, disk, fs, redis, redis-cluster")
+                        help="comma list of cpu, disk, fs, redis, redis-cluster, and vllm: no connector, vLLM's "
+                             "own prefix cache, each prompt twice (adds warm_ttft_x_vllm_hit to every tier's row)")
     engine.add_argument("--modes", default="paged",
                         help="comma list of paged, layerwise (LMCache's use_layerwise); both adds load_hidden")
     engine.add_argument("--kv-events", action="store_true",

@@ -7,7 +7,8 @@ fresh in-process engines (``tools/demo/engine_pass``, cores pinned as the demo p
 them; the local CPU tier then serves them again in the same engine with vLLM's prefix cache off, so every hit
 is LMCache's; every other tier serves them from a fresh engine whose CPU cache is empty, so every hit is read
 from that tier. A request's speed is our connector's exact byte count for it over the cost LMCache's own
-"Stored" / "Retrieved" lines report for it (one line per chunk part).
+"Stored" / "Retrieved" lines report for it (one line per chunk part). The ``vllm`` pseudo-tier is what a
+hit is worth without LMCache: vLLM's own prefix cache answering each prompt a second time in one engine.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from lmcache_platforms.tools.demo.workload import Request, warmup_request
 from lmcache_platforms.tools.redis_server import RedisCluster, RedisServer
 
 GIB = 2**30
-TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster")
+TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster", "vllm")
+# Not an LMCache tier: vLLM alone, its own prefix cache on, the hit every tier's warm TTFT is compared with.
+VLLM_HIT = "vllm"
 # The Redis tiers: a private store of each kind, started for the tier and stopped after it.
 REDIS_STORES = {"redis": RedisServer, "redis-cluster": RedisCluster}
 MODES = ("paged", "layerwise")
@@ -206,6 +209,35 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     }
 
 
+def run_vllm_hit(bench: EngineBench, model_dir: Path, runner: PassRunner) -> dict[str, Any]:
+    """vLLM without a connector, its own prefix cache on: each prompt asked twice in one engine, the second time
+    a hit of vLLM's own (all but the last token), the warm TTFT a tier's is compared with
+    (``warm_ttft_x_vllm_hit``)."""
+    served = prompts(bench)
+    again = [Request(f"{r.name}-again", r.tokens) for r in served]
+    spec = {**_spec(bench, model_dir, served + again, VLLM_HIT, 0), "kv_transfer_config": None,
+            "enable_prefix_caching": True, "kv_events_endpoint": None}
+    result = runner.run(VLLM_HIT, spec, {})
+    warm = result["requests"][len(served):]
+    return {
+        "tier": VLLM_HIT,
+        "mode": "prefix cache",
+        "cold_ttft_s": _median([r["ttft_s"] for r in result["requests"][:len(served)]]),
+        "warm_ttft_s": _median([r["ttft_s"] for r in warm]),
+        "hit_tokens": [r["vllm_hit_tokens"] for r in warm],
+    }
+
+
+def add_vllm_hit_ratio(rows: list[dict[str, Any]]) -> None:
+    """On every tier's row, its warm TTFT over vLLM's own prefix-cache hit's, where both were measured."""
+    baseline = next((row for row in rows if row["tier"] == VLLM_HIT and row.get("warm_ttft_s")), None)
+    if baseline is None:
+        return
+    for row in rows:
+        if row["tier"] != VLLM_HIT and row.get("warm_ttft_s") is not None:
+            row["warm_ttft_x_vllm_hit"] = row["warm_ttft_s"] / baseline["warm_ttft_s"]
+
+
 def _growth(result: dict[str, Any]) -> float | None:
     """How far the loading pass's measured requests raised its resident memory above what it held after the
     warm-up (engine, model, a prefill of the longest prompt): LMCache's objects in its CPU tier and every
@@ -219,8 +251,15 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
     model_dir = ensure_model(bench.model, None, progress)
     bench.workdir.mkdir(parents=True, exist_ok=True)
     runner = PassRunner(bench.workdir, bench.resources, progress, bench.timeout_s)
-    results = []
+    results: list[dict[str, Any]] = []
     for tier in bench.tiers:
+        if tier == VLLM_HIT:
+            progress(f"vLLM's own prefix cache: {bench.requests} prompts of {bench.tokens} tokens, each twice")
+            try:
+                results.append(run_vllm_hit(bench, model_dir, runner))
+            except Exception as exc:  # noqa: BLE001 - as a tier's failure
+                results.append({"tier": tier, "mode": "prefix cache", "error": f"{type(exc).__name__}: {exc}"})
+            continue
         for mode in bench.modes:
             store = bench.workdir / f"{tier}-store"
             shutil.rmtree(store, ignore_errors=True)
@@ -237,6 +276,7 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
             finally:
                 shutil.rmtree(store, ignore_errors=True)
         add_load_hidden(results[-len(bench.modes):])
+    add_vllm_hit_ratio(results)
     return {"model": bench.model.name, "tokens": bench.tokens, "requests": bench.requests,
             "chunk_size": bench.chunk_size, "kv_events": bench.kv_events, "cores": bench.resources.cpu_list(),
             "tiers": results}

@@ -50,7 +50,7 @@ def run(argv: list[str]) -> int:
     ([], "give --layout (a layout file or shipped example) or --engine"),
     (["--engine", "--tokens", "64"], "--engine needs --tokens >= --chunk-size and --requests >= 1, got 64, 256, 3"),
     (["--engine", "--tiers", "cpu,tape"],
-     "--tiers takes a comma list of cpu, disk, fs, redis, redis-cluster, got 'cpu,tape'"),
+     "--tiers takes a comma list of cpu, disk, fs, redis, redis-cluster, vllm, got 'cpu,tape'"),
     (["--engine", "--model", "tiny", "--full-attention-every", "5"], "--full-attention-every must be 1 to 4, got 5"),
     (["--engine", "--modes", "paged,paged"], "--modes takes a comma list of paged, layerwise (each once), got "
                                              "'paged,paged'"),
@@ -64,11 +64,15 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys,
 def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(capsys, tmp_path) -> None:
     tokens = 512
     assert run(["--engine", "--model", "tiny", "--tokens", str(tokens), "--requests", "2", "--chunk-size", "128",
-                "--tiers", "cpu", "--modes", "paged,layerwise", "--kv-events", "--workdir", str(tmp_path),
+                "--tiers", "cpu,vllm", "--modes", "paged,layerwise", "--kv-events", "--workdir", str(tmp_path),
                 "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["kv_events"] is True
-    row, layerwise = result["tiers"]
+    row, layerwise, vllm = result["tiers"]
+    # vLLM's own prefix cache, each prompt asked twice: its whole 32-token blocks before the last token are a hit.
+    assert (vllm["tier"], vllm["mode"], vllm["hit_tokens"]) == ("vllm", "prefix cache", [480, 480])
+    for tier in (row, layerwise):
+        assert tier["warm_ttft_x_vllm_hit"] == tier["warm_ttft_s"] / vllm["warm_ttft_s"]
     assert (row["tier"], row["mode"], layerwise["tier"], layerwise["mode"]) == ("cpu", "paged", "cpu", "layerwise")
     assert "error" not in row and "error" not in layerwise, result
     # The layerwise mode moves the same chunk objects: the same bytes per request, the same hits.
