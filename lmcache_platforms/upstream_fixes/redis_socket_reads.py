@@ -156,14 +156,14 @@ class SocketReader:
 
     endpoint: Endpoint
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _sock: socket.socket | None = None
     _replies: _Replies | None = None
+    _close: weakref.finalize | None = None  # closes the open socket, at the latest when the reader goes
     _pid: int = 0
 
     def _connect(self) -> _Replies:
         if self._replies is not None and self._pid == os.getpid():
             return self._replies
-        self._sock = self._replies = None  # a forked child opens its own; the parent's stays the parent's
+        self._drop()  # in a forked child: its copy of the parent's socket (the parent's stays open)
         sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self.endpoint.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         replies = _Replies(sock)
@@ -182,14 +182,13 @@ class SocketReader:
         except BaseException:
             sock.close()
             raise
-        weakref.finalize(self, sock.close)
-        self._sock, self._replies, self._pid = sock, replies, os.getpid()
+        self._close, self._replies, self._pid = weakref.finalize(self, sock.close), replies, os.getpid()
         return replies
 
     def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-        self._sock = self._replies = None
+        if self._close is not None:
+            self._close()
+        self._close = self._replies = None
 
     def read(self, names: list[str], receive: Receiver) -> list[Received]:
         """Both values of each object, in one pipeline. For an object whose ``metadata`` and ``kv_bytes`` are
@@ -199,8 +198,7 @@ class SocketReader:
         with self.lock:
             try:
                 replies = self._connect()
-                assert self._sock is not None
-                self._sock.sendall(b"".join(_command(b"GET", f"{name}{suffix}".encode())
+                replies.sock.sendall(b"".join(_command(b"GET", f"{name}{suffix}".encode())
                                             for name in names for suffix in ("metadata", "kv_bytes")))
                 received = []
                 for index in range(len(names)):
