@@ -119,6 +119,11 @@ def prompts(bench: EngineBench) -> list[Request]:
             for i in range(bench.requests)]
 
 
+def _asked_again(served: list[Request]) -> list[Request]:
+    """The same prompts a second time, in one engine (named apart for its log)."""
+    return [Request(f"{r.name}-again", r.tokens) for r in served]
+
+
 def _spec(bench: EngineBench, model_dir: Path, served: list[Request], salt: str, memcpy_bytes: int) -> dict[str, Any]:
     return {
         "model_dir": str(model_dir), "block_size": BLOCK_SIZE, "max_model_len": bench.model.max_model_len,
@@ -172,7 +177,7 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     config.write_text(lmcache_yaml(tier, bench.chunk_size, cpu_gib, store_gib, store))
     env = {"LMCACHE_CONFIG_FILE": str(config), "LMCACHE_USE_LAYERWISE": str(mode == "layerwise")}
     same_engine = tier in ("cpu", "disk")
-    again = [Request(f"{r.name}-again", r.tokens) for r in served] if same_engine else []
+    again = _asked_again(served) if same_engine else []
     cold_spec = _spec(bench, model_dir, served + again, f"{tier}-cold", per_request)
     with _follow_events(cold_spec) as router:
         cold = runner.run(f"{tier}-cold", cold_spec, env)
@@ -214,8 +219,7 @@ def run_vllm_hit(bench: EngineBench, model_dir: Path, runner: PassRunner) -> dic
     a hit of vLLM's own (all but the last token), the warm TTFT a tier's is compared with
     (``warm_ttft_x_vllm_hit``)."""
     served = prompts(bench)
-    again = [Request(f"{r.name}-again", r.tokens) for r in served]
-    spec = {**_spec(bench, model_dir, served + again, VLLM_HIT, 0), "kv_transfer_config": None,
+    spec = {**_spec(bench, model_dir, served + _asked_again(served), VLLM_HIT, 0), "kv_transfer_config": None,
             "enable_prefix_caching": True, "kv_events_endpoint": None}
     result = runner.run(VLLM_HIT, spec, {})
     warm = result["requests"][len(served):]
