@@ -1,6 +1,12 @@
-"""The README's serving command, run verbatim (MODEL replaced by the tiny local model), driven by a real streaming
-client: a cold server stores, a fresh server loads exactly every whole chunk and answers identically; both stop
-cleanly on Ctrl-C (SIGINT to the group) and leave no process behind."""
+"""The README's serving command (MODEL replaced by the tiny local model), driven by a real streaming client: a cold
+server, the block run verbatim by ``bash`` (a fresh ``vllm serve`` and all it spawns, as a user starts it),
+stores; a fresh server of the same command loads exactly every whole chunk and answers identically; both stop
+cleanly on Ctrl-C (SIGINT to the group) and leave no process behind.
+
+The fresh server is started as the other serving tests start theirs (``tests/fork_launch.py``: forked from an
+interpreter that imported vLLM's CLI; what it spawns forked from a zygote): the cold one already shows that a
+fresh interpreter activates the package from its entry point, and its three fresh interpreters (API server,
+engine core, worker) spend about 35 s importing vLLM before anything this test is about."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
 from lmcache_platforms.tools.demo.report import expected_hit_tokens
 from lmcache_platforms.tools.demo.runners import Resources, base_env
 from lmcache_platforms.tools.demo.scenario import lmcache_yaml
-from lmcache_platforms.tools.demo.server import VllmServer
+from lmcache_platforms.tools.demo.server import VllmServer, vllm_command
 from lmcache_platforms.tools.demo.tokenizer import text_of
 from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload
 from tests.serving.processes import processes_mentioning
@@ -42,11 +48,29 @@ def _port_free(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
+def block_command(block: str) -> tuple[dict[str, str], list[str]]:
+    """The block as what it runs: the variables it exports and the one command line (``vllm`` named by the set-up
+    venv's console script); anything else in it is refused, so nothing of the block is left out."""
+    env, commands = {}, []
+    for line in filter(None, (raw.strip() for raw in block.splitlines())):
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value
+        else:
+            commands.append(shlex.split(line))
+    assert [command[:2] for command in commands] == [["vllm", "serve"]], block
+    return env, [vllm_command(), *commands[0][1:]]
+
+
 def test_readme_block_is_the_documented_command() -> None:
     block = readme_serving_block()
     assert "vllm serve MODEL --kv-transfer-config " in block
     assert '\'{"kv_connector":"LMCachePlatformsConnector","kv_role":"kv_both"}\'' in block
     assert "--no-disable-hybrid-kv-cache-manager" not in block
+    env, command = block_command(block.replace("MODEL", "/models/m"))
+    assert env == {"PYTHONHASHSEED": "0"}
+    assert command == [vllm_command(), "serve", "/models/m", "--kv-transfer-config",
+                       '{"kv_connector":"LMCachePlatformsConnector","kv_role":"kv_both"}']
 
 
 def test_readme_serving_command_hits_lmcache_in_a_fresh_server(tmp_path: Path) -> None:
@@ -57,6 +81,7 @@ def test_readme_serving_command_hits_lmcache_in_a_fresh_server(tmp_path: Path) -
     model = tmp_path / "model"
     model.symlink_to(ensure_model(TINY_MODEL))
     script = readme_serving_block().replace("MODEL", shlex.quote(str(model)))
+    exported, command = block_command(script)
     config = tmp_path / "lmcache.yaml"
     config.write_text(lmcache_yaml(CHUNK, tmp_path / "store", cpu_gib=0.5))
     env = base_env(Resources.available())
@@ -70,9 +95,9 @@ def test_readme_serving_command_hits_lmcache_in_a_fresh_server(tmp_path: Path) -
     requests = build_workload(TINY_WORKLOAD, TINY_MODEL.vocab_size)
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
     results = {}
-    for phase in ("cold", "warm"):
-        server = VllmServer(["bash", "-c", script], env, tmp_path / f"{phase}.log", DEFAULT_PORT,
-                            start_timeout_s=400)
+    for phase, argv in (("cold", ["bash", "-c", script]), ("warm", command)):
+        server = VllmServer(argv, env | (exported if phase == "warm" else {}), tmp_path / f"{phase}.log",
+                            DEFAULT_PORT, start_timeout_s=400)
         with server:
             results[phase] = run_requests(server.base_url, prompts, Sampling(max_tokens=8))
         assert server.stopped_in_time and server.exit_code == 0, (tmp_path / f"{phase}.log").read_text()[-3000:]
