@@ -55,7 +55,10 @@ def materialize_tensors(
     def random_bytes(n: int) -> torch.Tensor:
         if torch.device(device).type == "meta":
             return torch.empty(n, dtype=torch.uint8, device=device)
-        return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=generator).to(device)
+        # Drawn as whole 64-bit words: uniform bytes at ~5x the speed of drawing them one by one (the bench-sized
+        # layouts fill hundreds of MB).
+        words = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-(2**63), 2**63 - 1, generator=generator)
+        return words.view(torch.uint8)[:n].to(device)
 
     shared = random_bytes(total) if spec.shared_buffer else None
     out: dict[str, list[torch.Tensor]] = {layer.name: [] for layer in spec.layers}
