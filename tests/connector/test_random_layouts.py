@@ -18,10 +18,8 @@ slot with its old bytes, and no other byte (padding, gaps) of any allocation was
 from __future__ import annotations
 
 import dataclasses
-import gc
 import random
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,26 +27,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from lmcache_platforms.connector.layer_gate import LayerGate
-from lmcache_platforms.layout import LayoutSpec, load_layout_spec
+from lmcache_platforms.layout import LayoutSpec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
-from lmcache_platforms.tools.fixtures import layout_over, materialize, materialize_tensors
+from lmcache_platforms.tools.fixtures import layout_over, materialize_tensors
 from tests.layout.strategies import layout_specs
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def frozen_heap() -> Iterator[None]:
-    """LMCacheEngine's constructor runs ``gc.collect()``, which walks the whole heap of the test process
-    (~0.3 s here, most of each example); one engine first imports everything LMCache imports, then the heap
-    is frozen, so each example's collection walks only the objects created since."""
-    layout = materialize(load_layout_spec("llama"), seed=0)
-    LayoutEngine(layout, StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))).close()
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 
 @st.composite
