@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ from lmcache_platforms.tools.demo.workload import Request, warmup_request
 from lmcache_platforms.tools.redis_server import RedisCluster, RedisServer
 
 GIB = 2**30
-TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster", "vllm")
 # Not an LMCache tier: vLLM alone, its own prefix cache on, the hit every tier's warm TTFT is compared with.
 VLLM_HIT = "vllm"
+TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster", VLLM_HIT)
 # The Redis tiers: a private store of each kind, started for the tier and stopped after it.
 REDIS_STORES = {"redis": RedisServer, "redis-cluster": RedisCluster}
 MODES = ("paged", "layerwise")
@@ -250,6 +251,23 @@ def _growth(result: dict[str, Any]) -> float | None:
     return None if peak is None or base is None else peak - base
 
 
+def _row_or_error(tier: str, mode: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure()``'s row, or the row naming its error: one tier's failure is a result, not the end of the bench."""
+    try:
+        return measure()
+    except Exception as exc:  # noqa: BLE001 - reported in the tier's row
+        return {"tier": tier, "mode": mode, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _run_on_store(bench: EngineBench, tier: str, mode: str, model_dir: Path, runner: PassRunner,
+                  store: Path) -> dict[str, Any]:
+    """``run_tier`` on ``store``: a private Redis store of the tier's kind kept there, or the folder itself."""
+    if tier in REDIS_STORES:
+        with REDIS_STORES[tier](str(store)) as server:
+            return run_tier(bench, tier, model_dir, runner, server.url, mode)
+    return run_tier(bench, tier, model_dir, runner, str(store.resolve()), mode)
+
+
 def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, Any]:
     """Every tier of ``bench``; a tier that fails is reported with its error, the others still run."""
     model_dir = ensure_model(bench.model, None, progress)
@@ -259,10 +277,7 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
     for tier in bench.tiers:
         if tier == VLLM_HIT:
             progress(f"vLLM's own prefix cache: {bench.requests} prompts of {bench.tokens} tokens, each twice")
-            try:
-                results.append(run_vllm_hit(bench, model_dir, runner))
-            except Exception as exc:  # noqa: BLE001 - as a tier's failure
-                results.append({"tier": tier, "mode": "prefix cache", "error": f"{type(exc).__name__}: {exc}"})
+            results.append(_row_or_error(tier, "prefix cache", partial(run_vllm_hit, bench, model_dir, runner)))
             continue
         for mode in bench.modes:
             store = bench.workdir / f"{tier}-store"
@@ -270,13 +285,8 @@ def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, 
             store.mkdir(parents=True)
             progress(f"tier {tier}, {mode}: {bench.requests} prompts of {bench.tokens} tokens")
             try:
-                if tier in REDIS_STORES:
-                    with REDIS_STORES[tier](str(store)) as server:
-                        results.append(run_tier(bench, tier, model_dir, runner, server.url, mode))
-                else:
-                    results.append(run_tier(bench, tier, model_dir, runner, str(store.resolve()), mode))
-            except Exception as exc:  # noqa: BLE001 - one tier's failure is a result, not the end of the bench
-                results.append({"tier": tier, "mode": mode, "error": f"{type(exc).__name__}: {exc}"})
+                results.append(_row_or_error(tier, mode, partial(_run_on_store, bench, tier, mode, model_dir,
+                                                                 runner, store)))
             finally:
                 shutil.rmtree(store, ignore_errors=True)
         add_load_hidden(results[-len(bench.modes):])

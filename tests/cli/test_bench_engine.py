@@ -11,7 +11,7 @@ import pytest
 
 from lmcache_platforms.cli import bench
 from lmcache_platforms.tools.demo.model import TINY_MODEL
-from lmcache_platforms.tools.engine_bench import kv_bytes_per_token, parse_lines
+from lmcache_platforms.tools.engine_bench import _row_or_error, kv_bytes_per_token, parse_lines
 
 LOG = """\
 LMCache INFO: [req_id=0-a] Stored 512 out of total 512 tokens. size: 0.0006 GB, cost 1.5000 ms, throughput: x
@@ -58,6 +58,16 @@ def run(argv: list[str]) -> int:
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys, tmp_path) -> None:
     assert run([*argv, "--workdir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"lmcache-platforms bench: {message}"]
+
+
+def test_a_tier_that_fails_is_a_row_naming_its_error() -> None:
+    def store_gone() -> dict:
+        raise OSError("store gone")
+
+    assert _row_or_error("redis", "paged", store_gone) == {"tier": "redis", "mode": "paged",
+                                                           "error": "OSError: store gone"}
+    assert _row_or_error("cpu", "paged", lambda: {"tier": "cpu", "mode": "paged"}) == {"tier": "cpu",
+                                                                                        "mode": "paged"}
 
 
 @pytest.mark.slow
