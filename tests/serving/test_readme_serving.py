@@ -50,14 +50,16 @@ def _port_free(port: int) -> bool:
 
 def block_command(block: str) -> tuple[dict[str, str], list[str]]:
     """The block as what it runs: the variables it exports and the one command line (``vllm`` named by the set-up
-    venv's console script); anything else in it is refused, so nothing of the block is left out."""
+    venv's console script); anything else in it is refused, so nothing of the block is left out. (A forked server
+    keeps its fork server's hash seed, 0: the documented command's test pins the block's to the same.)"""
     env, commands = {}, []
-    for line in filter(None, (raw.strip() for raw in block.splitlines())):
-        if line.startswith("export "):
-            name, _, value = line.removeprefix("export ").partition("=")
-            env[name] = value
+    for words in filter(None, (shlex.split(line) for line in block.splitlines())):
+        if words[0] == "export":
+            for word in words[1:]:
+                name, value = word.split("=", 1)  # a bare ``export NAME`` is refused here
+                env[name] = value
         else:
-            commands.append(shlex.split(line))
+            commands.append(words)
     assert [command[:2] for command in commands] == [["vllm", "serve"]], block
     return env, [vllm_command(), *commands[0][1:]]
 
@@ -95,9 +97,8 @@ def test_readme_serving_command_hits_lmcache_in_a_fresh_server(tmp_path: Path) -
     requests = build_workload(TINY_WORKLOAD, TINY_MODEL.vocab_size)
     prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
     results = {}
-    for phase, argv in (("cold", ["bash", "-c", script]), ("warm", command)):
-        server = VllmServer(argv, env | (exported if phase == "warm" else {}), tmp_path / f"{phase}.log",
-                            DEFAULT_PORT, start_timeout_s=400)
+    for phase, argv, phase_env in (("cold", ["bash", "-c", script], env), ("warm", command, env | exported)):
+        server = VllmServer(argv, phase_env, tmp_path / f"{phase}.log", DEFAULT_PORT, start_timeout_s=400)
         with server:
             results[phase] = run_requests(server.base_url, prompts, Sampling(max_tokens=8))
         assert server.stopped_in_time and server.exit_code == 0, (tmp_path / f"{phase}.log").read_text()[-3000:]
