@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,12 @@ def turn_one(model, tmp_path_factory) -> dict:
     return result | {"store": store, "turn_two": TURN_ONE + result["runs"][0]["tokens"] + A[:100]}
 
 
+def turn_one_store(turn_one: dict, folder: Path) -> Path:
+    """A copy of turn one's ``fs://`` store for one test: a pass that hits it also stores what it computed past the
+    hit (turn two's chunk ending at 1,280, with its state), which would move the next test's hit there."""
+    return Path(shutil.copytree(turn_one["store"], folder / "turn-one-store"))
+
+
 def plain_answer(model: Path, prompt: list[int], folder: Path) -> dict:
     """vLLM's answer without a connector (prefix caching off) to one prompt, alone in its engine."""
     return run_pass(model, folder, "plain", {"prompts": [prompt]})["runs"][0]
@@ -112,9 +119,10 @@ def test_turn_one_stores_the_state_where_vllm_kept_one(turn_one):
     assert chunk == 256 and line in turn_one["log"]
 
 
-def test_turn_two_in_a_fresh_engine_hits_up_to_the_last_state(model, turn_one, reference):
-    warm = run_pass(model, turn_one["store"], "connector", {"prompts": [turn_one["turn_two"]]})
+def test_turn_two_in_a_fresh_engine_hits_up_to_the_last_state(model, turn_one, reference, tmp_path):
+    warm = run_pass(model, turn_one_store(turn_one, tmp_path), "connector", {"prompts": [turn_one["turn_two"]]})
     assert warm["runs"][0]["cached"] == 1024 and warm["chunks_loaded"] == 4
+    assert state_ends(warm) == [1280]  # what it computed past the hit, up to the prompt's last block boundary
     assert same_answer(warm["runs"][0], reference)
 
 
@@ -247,14 +255,14 @@ def test_another_hybrid_hits_at_its_last_state_in_a_fresh_engine(name, tmp_path_
 
 
 def test_layerwise_mode_hits_what_the_paged_mode_stored_and_what_it_stored_itself(model, turn_one, reference,
-                                                                                   reference_a):
+                                                                                   reference_a, tmp_path):
     """LMCache's ``use_layerwise`` on the recurrent hybrid: turn one's chunks (stored paged) hit at the same state;
     a prompt stored in layerwise mode (attention layers copied as the forward marks them; the GDN layers, which
     vLLM gives no per-layer hook, once the forward ends) hits at its last state with vLLM's answer. Loads wait
     (several groups), so none runs layer by layer."""
-    result = run_pass(model, turn_one["store"], "connector", {"prompts": [turn_one["turn_two"], PREFIX, A],
-                                                              "forget": True,
-                                                              "extra": {"lmcache.use_layerwise": True}})
+    result = run_pass(model, turn_one_store(turn_one, tmp_path), "connector",
+                      {"prompts": [turn_one["turn_two"], PREFIX, A], "forget": True,
+                       "extra": {"lmcache.use_layerwise": True}})
     assert "layerwise: stores follow the forward" in result["log"]
     turn_two, prefix, a = result["runs"]
     assert turn_two["cached"] == 1024 and same_answer(turn_two, reference)
