@@ -16,8 +16,8 @@ remote) holds, evicts and returns them independently. ``parts_methods`` wraps on
   chunks its window before ``n`` touches; if any part comes back short the whole load reports nothing
   arrived (the caller recomputes), never half a hit.
 
-Which objects are held is asked one part at a time, for a run of chunks at once (``_held_run``), never one
-object at a time: each question to a remote store is a round trip.
+Which objects are held is asked for a run of chunks at once (``_held_run``; a load asks for every part's in one
+run), never one object at a time: each question to a remote store is a round trip.
 
 LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
 key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
@@ -107,8 +107,9 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
               mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
     """Load a hit of ``len(tokens)`` tokens (the masked ones): every part's needed chunks, or report none.
 
-    Every needed object is checked first, so a hit missing one writes nothing; one that vanishes between the
-    check and its read (not pinned) makes the load report nothing arrived, as one that fails to read does.
+    Every needed object is checked first (one question for all parts), so a hit missing one writes nothing; one
+    that vanishes between the check and its read (not pinned) makes the load report nothing arrived, as one that
+    fails to read does.
     """
     num_tokens = len(tokens)
     wanted = torch.ones(num_tokens, dtype=torch.bool) if mask is None else mask.to("cpu", torch.bool).clone()
@@ -119,13 +120,15 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
         part_mask[: needed[0] * chunk_size if needed else num_tokens] = False
         if bool(part_mask.any()):
             calls.append((part, part_mask, part_configs(kwargs.get("request_configs"), part)))
-    for part, part_mask, configs in calls:
-        chunks = list(engine.token_database.process_tokens(tokens=tokens, mask=part_mask, request_configs=configs))
-        held = _held_run(engine.storage_manager, [key for _, _, key in chunks], None, False)[0]
-        if held < len(chunks):
-            logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
-                           kwargs.get("req_id"), part.name, chunks[held][0] // chunk_size, num_tokens)
-            return torch.zeros(num_tokens, dtype=torch.bool)
+    chunks = [(part, start, key) for part, part_mask, configs in calls
+              for start, _, key in engine.token_database.process_tokens(tokens=tokens, mask=part_mask,
+                                                                        request_configs=configs)]
+    held = _held_run(engine.storage_manager, [key for _, _, key in chunks], None, False)[0]
+    if held < len(chunks):
+        part, start, _ = chunks[held]
+        logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
+                       kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
+        return torch.zeros(num_tokens, dtype=torch.bool)
     for part, part_mask, configs in calls:
         # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
         # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to a

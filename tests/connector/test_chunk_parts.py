@@ -4,6 +4,7 @@ window part of the last chunks only, and an evicted part is handled all-or-nothi
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -82,14 +83,19 @@ def test_an_evicted_early_window_part_keeps_the_hit(parted) -> None:
 @pytest.mark.parametrize(("part", "chunk", "hit_chunks"), [("reach32", CHUNKS - 1, CHUNKS - 1),
                                                            ("all", 1, 1)])
 def test_an_evicted_needed_part_shortens_the_hit_and_a_load_past_it_writes_nothing(parted, part: str, chunk: int,
-                                                                                  hit_chunks: int) -> None:
+                                                                                  hit_chunks: int,
+                                                                                  caplog: pytest.LogCaptureFixture
+                                                                                  ) -> None:
+    """The load's one check of every part's objects names the part and chunk that is gone."""
     engine, request, _ = parted
     chunk_size = engine.layout.chunk_size
     _remove(engine, request, part, chunk)
     assert engine.lookup(request.tokens) == hit_chunks * chunk_size
     roundtrip.zero_planes(engine.layout)
     before = engine.connector.binding.counters.bytes_loaded
-    assert engine.retrieve(request.tokens, request.load_ids) == 0  # the whole hit asked for: none of it
+    with caplog.at_level(logging.WARNING):
+        assert engine.retrieve(request.tokens, request.load_ids) == 0  # the whole hit asked for: none of it
+    assert f"part {part} of chunk {chunk} of a {CHUNKS * chunk_size}-token hit is gone: nothing loaded" in caplog.text
     assert engine.connector.binding.counters.bytes_loaded == before
     assert not any(rows.any() for rows in _loaded(engine, request).values())
     # The shorter hit the lookup reported loads in full.
