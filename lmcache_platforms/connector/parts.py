@@ -166,14 +166,17 @@ def _held_run(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
     return held, where
 
 
-def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | None) -> Callable[[int], bool]:
+def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
+                   pinned: dict[str, list[Any]] | None) -> Callable[[int], bool]:
     """Whether chunk ``i``'s object is stored. A chunk not yet known is asked together with every chunk after it
-    (``_held_run``): the hit's window is usually answered by the first question."""
+    (``_held_run``): the hit's window is usually answered by the first question. With ``pinned``, what is found is
+    pinned as it is asked, and recorded there by tier."""
     known: dict[int, bool] = {}
 
     def present(i: int) -> bool:
         if i not in known:
-            count = _held_run(manager, keys[i:], search_range, False)[0]
+            count, where = _held_run(manager, keys[i:], search_range, pinned is not None)
+            _record(pinned, where)
             known.update(dict.fromkeys(range(i, i + count), True))
             if i + count < len(keys):
                 known[i + count] = False
@@ -182,10 +185,19 @@ def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | 
     return present
 
 
+def _record(pinned: dict[str, list[Any]] | None, where: Mapping[str, list[Any]]) -> None:
+    if pinned is not None:
+        for location, held in where.items():
+            pinned.setdefault(location, []).extend(held)
+
+
 def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
             hashes: Any = None, offsets: Any = None, search_range: list[str] | None = None,
             lookup_id: str | None = None, pin: bool = False, request_configs: dict | None = None) -> int:
-    """The longest hit every part can serve; with ``pin``, its objects are pinned under ``lookup_id``."""
+    """The longest hit every part can serve; with ``pin``, its objects are pinned under ``lookup_id``: pinned as
+    they are asked (no second question, and none can vanish in between), those the hit does not need unpinned."""
+    if pin and lookup_id is None:
+        raise ValueError("lookup_id is required when pin is True")
     if not engine.is_healthy():
         return 0
     manager = engine.storage_manager
@@ -198,42 +210,38 @@ def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size
         ends = [end for _, end, _ in chunks]
     stats = engine.stats_monitor.on_lookup_request(ends[-1] if ends else 0)
     hit = 0
+    pinned: dict[str, list[Any]] | None = {} if pin else None
     try:
         present: list[tuple[int | None, Callable[[int], bool]]] = []
         for part, part_keys in zip(parts, keys, strict=True):
             if part.reach is None:
                 # A prefix as LMCache's retrieve finds it (tier by tier), which then reads this part.
-                prefix: int = manager.batched_contains(part_keys, search_range, False)[0]
+                prefix, where = manager.batched_contains(part_keys, search_range, pin)
+                _record(pinned, where)
                 present.append((None, prefix.__gt__))
             else:
-                present.append((part.reach, _asked_in_runs(manager, part_keys, search_range)))
+                present.append((part.reach, _asked_in_runs(manager, part_keys, search_range, pinned)))
         hit = longest_hit(present, ends)
-        if pin and hit:
-            hit = _pin(engine, parts, keys, hit, chunk_size, search_range, lookup_id)
         return hit
     finally:
         engine.stats_monitor.on_lookup_finished(stats, hit)
-        if pin:
+        if pinned is not None:
+            _keep_needed(engine, parts, keys, hit, chunk_size, pinned, lookup_id)
             manager.touch_cache()
 
 
-def _pin(engine: Any, parts: tuple[ChunkPart, ...], keys: list[list[Any]], hit: int, chunk_size: int,
-         search_range: list[str], lookup_id: str | None) -> int:
-    """Pin every object the hit needs; 0 (nothing left pinned) if one vanished since it was looked up."""
-    if lookup_id is None:
-        raise ValueError("lookup_id is required when pin is True")
-    manager = engine.storage_manager
-    pinned: dict[str, list[Any]] = {}
-    for part, part_keys in zip(parts, keys, strict=True):
-        needed = needed_chunks(part.reach, hit, chunk_size)
-        count, where = _held_run(manager, [part_keys[i] for i in needed], search_range, True)
-        for location, held in where.items():
-            pinned.setdefault(location, []).extend(held)
-        if count < len(needed):
-            for location, held in pinned.items():
-                manager.batched_unpin(held, [location])
-            logger.info("lookup %s: part %s of chunk %d was evicted while being pinned: a miss", lookup_id,
-                        part.name, needed[count])
-            return 0
-    engine.lookup_pins[lookup_id] = pinned
-    return hit
+def _keep_needed(engine: Any, parts: tuple[ChunkPart, ...], keys: list[list[Any]], hit: int, chunk_size: int,
+                 pinned: dict[str, list[Any]], lookup_id: str | None) -> None:
+    """Of the objects a lookup pinned, keep those its hit needs pinned under ``lookup_id``; unpin the others
+    (all of them for no hit, or when the lookup raised)."""
+    needed = {part_keys[i] for part, part_keys in zip(parts, keys, strict=True)
+              for i in needed_chunks(part.reach, hit, chunk_size)} if hit else set()
+    kept: dict[str, list[Any]] = {}
+    for location, held in pinned.items():
+        extra = [key for key in held if key not in needed]
+        if extra:
+            engine.storage_manager.batched_unpin(extra, [location])
+        if mine := [key for key in held if key in needed]:
+            kept[location] = mine
+    if kept:
+        engine.lookup_pins[lookup_id] = kept

@@ -113,6 +113,29 @@ def test_a_lookup_pins_every_needed_part_and_nothing_else(parted) -> None:
     assert "r1" not in lmcache.lookup_pins
 
 
+def test_a_lookup_pins_as_it_asks_and_keeps_only_what_its_hit_needs(parted) -> None:
+    """The last chunk's window part gone: the full parts of all four chunks and the window parts found were pinned
+    as they were asked; the hit (three chunks) keeps the first three full parts and the third chunk's window part,
+    every other object is unpinned before the lookup returns, and ``lookup_unpin`` releases the rest. With no hit,
+    nothing stays pinned."""
+    engine, request, _ = parted
+    chunk_size = engine.layout.chunk_size
+    _remove(engine, request, "reach32", CHUNKS - 1)
+    lmcache = engine.engine
+    cpu = lmcache.storage_manager.storage_backends["LocalCPUBackend"]
+    assert lmcache.lookup(torch.tensor(request.tokens), lookup_id="r1", pin=True,
+                          request_configs=engine.tags) == (CHUNKS - 1) * chunk_size
+    kept = lmcache.lookup_pins["r1"]["LocalCPUBackend"]
+    assert len(kept) == CHUNKS - 1 + 1
+    assert {key for key, obj in cpu.hot_cache.items() if obj.is_pinned} == set(kept)
+    lmcache.lookup_unpin("r1")
+    assert not any(obj.is_pinned for obj in cpu.hot_cache.values())
+    for chunk in range(CHUNKS - 1):  # every window part gone: no hit, the full parts it pinned all unpinned
+        _remove(engine, request, "reach32", chunk)
+    assert lmcache.lookup(torch.tensor(request.tokens), lookup_id="r2", pin=True, request_configs=engine.tags) == 0
+    assert "r2" not in lmcache.lookup_pins and not any(obj.is_pinned for obj in cpu.hot_cache.values())
+
+
 @pytest.mark.parametrize("name", ["llama", "mla-int8"])
 def test_layouts_with_one_reach_keep_one_object_per_chunk(name: str) -> None:
     layout = materialize(load_layout_spec(name), seed=0)
