@@ -153,8 +153,7 @@ def _held_run(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
     where: dict[str, list[Any]] = {}
     while held < len(keys):
         count, mapping = manager.batched_contains(list(keys[held:]), search_range, pin)
-        for location, found in mapping.items():
-            where.setdefault(location, []).extend(found)
+        _record(where, mapping)
         held += count
         if held == len(keys):
             break
@@ -185,10 +184,11 @@ def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | 
     return present
 
 
-def _record(pinned: dict[str, list[Any]] | None, where: Mapping[str, list[Any]]) -> None:
-    if pinned is not None:
+def _record(into: dict[str, list[Any]] | None, where: Mapping[str, list[Any]]) -> None:
+    """Add ``where``'s keys (by tier) to ``into``, unless it is None (a lookup that does not pin)."""
+    if into is not None:
         for location, held in where.items():
-            pinned.setdefault(location, []).extend(held)
+            into.setdefault(location, []).extend(held)
 
 
 def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
