@@ -33,7 +33,7 @@ class OptionalBuildExt(build_ext):
 cpu_kernels = Extension(
     "lmcache_platforms.kernels._cpu_transfer",
     sources=["csrc/cpu/kv_transfer.c", "csrc/cpu/crc32c.c"],
-    depends=["csrc/lmcp_plane_table.h"],
+    depends=["csrc/lmcp_plane_table.h", "csrc/cpu/crc32c.h"],
     extra_compile_args=["-O3", "-std=c11", "-pthread"],
     extra_link_args=["-pthread"],
 )

@@ -2,17 +2,25 @@
  * CRC-32C (Castagnoli; reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF) of the
  * stripes of a buffer: the checksum of every chunk object lmcache_platforms stores (connector/checksum.py).
  *
- * x86-64 with SSE4.2 uses the crc32 instruction on three stripes at once: one stream is bound by the
- * instruction's 3-cycle latency, three independent ones keep its unit busy every cycle. Elsewhere a table
- * (eight bytes per step) gives the same values, slower. Called from several Python threads at once (ctypes
- * releases the GIL); it keeps no state but the table, built once.
+ * Three ways to the same values. x86-64 CPUs with AVX-512 and VPCLMULQDQ fold 256 bytes per step with
+ * carry-less multiplies (four 512-bit accumulators, each 128-bit lane a polynomial congruent to the bytes seen
+ * so far, moved forward by multiplying with x^k mod P), then reduce the last 16 bytes with the crc32
+ * instruction; the fold also runs inside a copy (lmcp_crc_copy), so a store hashes the bytes it moves while
+ * they are in registers instead of reading them again. Other x86-64 CPUs use the crc32 instruction on three
+ * stripes at once (one stream is bound by the instruction's 3-cycle latency); elsewhere a table (eight bytes
+ * per step). Pieces of a stripe hashed apart are joined with lmcp_crc_shift (the CRC is linear: a piece's
+ * state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several threads at once;
+ * it keeps no state but its tables, built once.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__x86_64__)
-#include <nmmintrin.h>
+#include <immintrin.h>
 #endif
+
+#include "crc32c.h"
 
 #define CASTAGNOLI 0x82F63B78u
 
@@ -55,10 +63,10 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
     return (uint32_t)c;
 }
 
-/* Three stripes of `n` bytes each, interleaved; results (not inverted) into out[0..2]. */
+/* Three stripes of `n` bytes each, interleaved: out[0..2] hold their starting states and get their results. */
 __attribute__((target("sse4.2"))) static void crc_hw3(const uint8_t *a, const uint8_t *b, const uint8_t *c,
                                                        size_t n, uint32_t out[3]) {
-    uint64_t ca = 0xFFFFFFFFu, cb = 0xFFFFFFFFu, cc = 0xFFFFFFFFu;
+    uint64_t ca = out[0], cb = out[1], cc = out[2];
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t wa, wb, wc;
@@ -79,18 +87,186 @@ static int have_hw(void) { return __builtin_cpu_supports("sse4.2"); }
 static int have_hw(void) { return 0; }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 10
+#define LMCP_FOLD 1
+#define FOLD_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
+
+/*
+ * Multipliers that move a 128-bit lane forward by d bytes: its low quadword (the higher-degree half, the
+ * CRC being reflected) times x^(8d+31) mod P, its high one times x^(8d-33) mod P, the products (reflected,
+ * one bit short of aligned) landing where the lane's next 16 bytes sit. Index: d = 16, 32, 48, 64, 256.
+ */
+enum { FOLD_16, FOLD_32, FOLD_48, FOLD_64, FOLD_256, FOLD_DISTANCES };
+static uint64_t fold_low[FOLD_DISTANCES], fold_high[FOLD_DISTANCES];
+
+FOLD_TARGET static inline __m128i fold_pair(int d) { return _mm_set_epi64x((long long)fold_high[d], (long long)fold_low[d]); }
+
+FOLD_TARGET static inline __m128i fold128(__m128i x, int d) {
+    const __m128i k = fold_pair(d);
+    return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
+}
+
+FOLD_TARGET static inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11), next,
+                                     0x96);
+}
+
+FOLD_TARGET static inline void put512(uint8_t *dst, __m512i v, int mode) {
+    if (mode == LMCP_CRC_STREAM) {
+        _mm512_stream_si512((void *)dst, v);
+    } else if (mode == LMCP_CRC_COPY) {
+        _mm512_storeu_si512(dst, v);
+    }
+}
+
+/* `crc` continued over src[0, n), n a positive multiple of 256, copying to dst per `mode`. */
+FOLD_TARGET static uint32_t fold_blocks(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+    __m512i a[4];
+    for (int j = 0; j < 4; ++j) {
+        a[j] = _mm512_loadu_si512(src + 64 * j);
+        put512(dst + 64 * j, a[j], mode);
+    }
+    a[0] = _mm512_xor_si512(a[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
+    const __m512i k256 = _mm512_broadcast_i32x4(fold_pair(FOLD_256));
+    for (size_t i = 256; i < n; i += 256) {
+        __m512i b[4];
+        for (int j = 0; j < 4; ++j) {
+            b[j] = _mm512_loadu_si512(src + i + 64 * j);
+            put512(dst + i + 64 * j, b[j], mode);
+        }
+        for (int j = 0; j < 4; ++j) a[j] = fold512(a[j], k256, b[j]);
+    }
+    const __m512i k64 = _mm512_broadcast_i32x4(fold_pair(FOLD_64));
+    __m512i x = fold512(fold512(fold512(a[0], k64, a[1]), k64, a[2]), k64, a[3]);
+    __m128i lane = _mm_xor_si128(
+        _mm_xor_si128(fold128(_mm512_extracti32x4_epi32(x, 0), FOLD_48), fold128(_mm512_extracti32x4_epi32(x, 1), FOLD_32)),
+        _mm_xor_si128(fold128(_mm512_extracti32x4_epi32(x, 2), FOLD_16), _mm512_extracti32x4_epi32(x, 3)));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
+    return (uint32_t)_mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+}
+
+/* `crc` continued over src[0, n), n >= 512, copying to dst per `mode` (streaming stores once dst is aligned). */
+FOLD_TARGET static uint32_t fold_any(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+    size_t head = mode == LMCP_CRC_STREAM ? (64 - ((uintptr_t)dst & 63)) & 63 : 0;
+    if (head) {
+        memcpy(dst, src, head);
+        crc = crc_hw(crc, src, head);
+    }
+    size_t body = (n - head) & ~(size_t)255;
+    crc = fold_blocks(mode ? dst + head : NULL, src + head, body, crc, mode);
+    size_t done = head + body;
+    if (mode) memcpy(dst + done, src + done, n - done);
+    return crc_hw(crc, src + done, n - done);
+}
+
+static int have_fold(void) {
+    return have_hw() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
+           __builtin_cpu_supports("pclmul");
+}
+#else
+static int have_fold(void) { return 0; }
+#endif
+
+/* Whether tests let the vector fold run (lmcp_crc32c_allow_vectors); the values are the same either way. */
+static atomic_int vectors_allowed = 1;
+
+/* x^(8 * 2^i) mod P, reflected: moving a CRC state past 2^i bytes multiplies it by power_of_bytes[i]. */
+static uint32_t power_of_bytes[64];
+
+/* a * b mod P, both reflected (bit 31 holds x^0). */
+static uint32_t multiply(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (int bit = 0; bit < 32; bit++) {
+        if (a & 0x80000000u) product ^= b;
+        a <<= 1;
+        b = (b >> 1) ^ (CASTAGNOLI & (0u - (b & 1u)));
+    }
+    return product;
+}
+
+/* x^n mod P, reflected. */
+static uint32_t x_to_the(uint64_t n) {
+    uint32_t result = 0x80000000u, square = 0x40000000u;
+    for (; n; n >>= 1, square = multiply(square, square))
+        if (n & 1) result = multiply(result, square);
+    return result;
+}
+
+static void build_tables(void) {
+    build_table();
+    for (int i = 0; i < 64; i++) power_of_bytes[i] = i < 61 ? x_to_the((uint64_t)8 << i) : 0;
+#if defined(LMCP_FOLD)
+    const int distance[FOLD_DISTANCES] = {16, 32, 48, 64, 256};
+    for (int d = 0; d < FOLD_DISTANCES; d++) {
+        fold_low[d] = x_to_the((uint64_t)8 * distance[d] + 31);
+        fold_high[d] = x_to_the((uint64_t)8 * distance[d] - 33);
+    }
+#endif
+}
+
+static int folds(void) { return have_fold() && atomic_load_explicit(&vectors_allowed, memory_order_relaxed); }
+
+/* `crc` moved past n zero bytes (tables built). */
+static uint32_t shift(uint32_t crc, int64_t n) {
+    for (int i = 0; crc && n > 0 && i < 61; i++, n >>= 1)
+        if (n & 1) crc = multiply(crc, power_of_bytes[i]);
+    return crc;
+}
+
+/* From this length the crc32 instruction hashes one buffer as three thirds at once, joined by shifting. */
+#define THIRDS_MIN_BYTES 4096
+
 static uint32_t crc_any(uint32_t crc, const uint8_t *p, size_t n) {
+#if defined(LMCP_FOLD)
+    if (n >= 512 && folds()) return fold_any(NULL, p, n, crc, LMCP_CRC_HASH);
+#endif
 #if defined(__x86_64__)
+    if (have_hw() && n >= THIRDS_MIN_BYTES) {
+        const size_t third = n / 3 & ~(size_t)7;
+        uint32_t three[3] = {crc, 0, 0};
+        crc_hw3(p, p + third, p + 2 * third, third, three);
+        crc = shift(three[0], 2 * (int64_t)third) ^ shift(three[1], (int64_t)third) ^ three[2];
+        return crc_hw(crc, p + 3 * third, n - 3 * third);
+    }
     if (have_hw()) return crc_hw(crc, p, n);
 #endif
     return crc_table(crc, p, n);
 }
 
-/* CRC-32C of data[0, n). */
-uint32_t lmcp_crc32c(const uint8_t *data, int64_t n) {
-    pthread_once(&table_once, build_table);
-    return ~crc_any(0xFFFFFFFFu, data, (size_t)n);
+uint32_t lmcp_crc_raw(uint32_t crc, const uint8_t *p, size_t n) {
+    pthread_once(&table_once, build_tables);
+    return crc_any(crc, p, n);
 }
+
+int lmcp_crc_folds(void) {
+    pthread_once(&table_once, build_tables);
+    return folds();
+}
+
+uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int stream) {
+    pthread_once(&table_once, build_tables);
+#if defined(LMCP_FOLD)
+    if (n >= 512 && folds()) return fold_any(dst, src, n, crc, stream ? LMCP_CRC_STREAM : LMCP_CRC_COPY);
+#endif
+    memcpy(dst, src, n);
+    return crc_any(crc, src, n);
+}
+
+uint32_t lmcp_crc_shift(uint32_t crc, int64_t n) {
+    pthread_once(&table_once, build_tables);
+    return shift(crc, n);
+}
+
+int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens) {
+    const int64_t k = offset / stripe;
+    if (len < 0 || offset != k * stripe + lens[k] || lens[k] + len > stripe) return -1;
+    acc[k] = lmcp_crc_shift(acc[k], len) ^ crc;
+    lens[k] += len;
+    return 0;
+}
+
+/* CRC-32C of data[0, n). */
+uint32_t lmcp_crc32c(const uint8_t *data, int64_t n) { return ~lmcp_crc_raw(0xFFFFFFFFu, data, (size_t)n); }
 
 /*
  * CRC-32C of stripes first..last-1 of data[0, n) cut into `stripe`-byte pieces (the last may be shorter),
@@ -98,12 +274,12 @@ uint32_t lmcp_crc32c(const uint8_t *data, int64_t n) {
  */
 void lmcp_crc32c_stripes(const uint8_t *data, int64_t n, int64_t stripe, int64_t first, int64_t last,
                          uint32_t *out) {
-    pthread_once(&table_once, build_table);
+    pthread_once(&table_once, build_tables);
     int64_t k = first;
 #if defined(__x86_64__)
-    if (have_hw()) {
+    if (have_hw() && !folds()) {
         for (; k + 3 <= last && (k + 3) * stripe <= n; k += 3) {
-            uint32_t three[3];
+            uint32_t three[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
             const uint8_t *p = data + k * stripe;
             crc_hw3(p, p + stripe, p + 2 * stripe, (size_t)stripe, three);
             for (int j = 0; j < 3; j++) out[k - first + j] = ~three[j];
@@ -116,11 +292,49 @@ void lmcp_crc32c_stripes(const uint8_t *data, int64_t n, int64_t stripe, int64_t
     }
 }
 
+/*
+ * Adds data[0, n), the object's bytes at `offset`, to the stripe states acc/lens (one uint32 and one int64
+ * per stripe, zeroed before the object's first bytes); an object's bytes must come in order. 0, or -1 when
+ * they come out of order.
+ */
+int lmcp_crc32c_accumulate(const uint8_t *data, int64_t n, int64_t offset, int64_t stripe, uint32_t *acc,
+                           int64_t *lens) {
+    pthread_once(&table_once, build_tables);
+    while (n > 0) {
+        const int64_t room = (offset / stripe + 1) * stripe - offset, m = n < room ? n : room;
+        if (lmcp_crc_merge(offset, m, crc_any(0, data, (size_t)m), stripe, acc, lens) != 0) return -1;
+        data += m, offset += m, n -= m;
+    }
+    return 0;
+}
+
+/*
+ * The CRC-32C of each stripe of a `payload`-byte object from its stripe states, into out. 0, or -1 when a
+ * stripe's state does not cover exactly its bytes (some bytes never came, or came twice).
+ */
+int lmcp_crc32c_finish(int64_t payload, int64_t stripe, const uint32_t *acc, const int64_t *lens, uint32_t *out) {
+    pthread_once(&table_once, build_tables);
+    const int64_t count = (payload + stripe - 1) / stripe;
+    const uint32_t whole = lmcp_crc_shift(0xFFFFFFFFu, stripe);
+    for (int64_t k = 0; k < count; k++) {
+        const int64_t want = payload - k * stripe < stripe ? payload - k * stripe : stripe;
+        if (lens[k] != want) return -1;
+        out[k] = ~((want == stripe ? whole : lmcp_crc_shift(0xFFFFFFFFu, want)) ^ acc[k]);
+    }
+    return 0;
+}
+
 /* CRC-32C of data[0, n) with the table even where the instruction exists: tests compare the two. */
 uint32_t lmcp_crc32c_portable(const uint8_t *data, int64_t n) {
-    pthread_once(&table_once, build_table);
+    pthread_once(&table_once, build_tables);
     return ~crc_table(0xFFFFFFFFu, data, (size_t)n);
 }
 
 /* Whether the crc32 instruction is used (1) or the table (0). */
 int lmcp_crc32c_hardware(void) { return have_hw(); }
+
+/* Whether the AVX-512 carry-less fold is used (1); on a CPU without it, 0. */
+int lmcp_crc32c_folding(void) { return lmcp_crc_folds(); }
+
+/* Lets tests turn the fold off (0) and on (1) to compare paths; returns the previous setting. */
+int lmcp_crc32c_allow_vectors(int allow) { return atomic_exchange(&vectors_allowed, allow ? 1 : 0); }

@@ -1,8 +1,11 @@
 """CRC-32C of buffer stripes in the native CPU library (``csrc/cpu/crc32c.c``), for the chunk checksum.
 
-The crc32 instruction on x86-64 (three stripes at once), a table elsewhere: the same values either way. ctypes
-releases the GIL for the call, so several Python threads hash stripes in parallel. ``native()`` is None when
-the library was not built, or is a build from before these functions (then rebuild it).
+A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ, the crc32 instruction on other x86-64 CPUs
+(three stripes at once), a table elsewhere: the same values every way. ctypes releases the GIL for the call,
+so several Python threads hash stripes in parallel. ``ObjectStripes`` builds one object's stripe CRCs from
+pieces in byte order: what the CPU backend's hashing store (``cpu_backend.CpuBackend.store_hashed``) writes
+into as it copies. ``native()`` is None when the library was not built, or is a build from before these
+functions (then rebuild it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,37 @@ class NativeCrc32c:
         self._portable = lib.lmcp_crc32c_portable
         self._portable.argtypes, self._portable.restype = [vp, i64], ctypes.c_uint32
         self.hardware = bool(lib.lmcp_crc32c_hardware())
+        self._accumulate = lib.lmcp_crc32c_accumulate
+        self._accumulate.argtypes, self._accumulate.restype = [vp, i64, i64, i64, vp, vp], ctypes.c_int
+        self._finish = lib.lmcp_crc32c_finish
+        self._finish.argtypes, self._finish.restype = [i64, i64, vp, vp, vp], ctypes.c_int
+        self._allow_vectors = lib.lmcp_crc32c_allow_vectors
+        self._allow_vectors.argtypes, self._allow_vectors.restype = [ctypes.c_int], ctypes.c_int
+        self._folding = lib.lmcp_crc32c_folding
+
+    @property
+    def folding(self) -> bool:
+        """Whether the AVX-512 carry-less fold hashes (this CPU has it and tests have not turned it off)."""
+        return bool(self._folding())
+
+    def allow_vectors(self, allow: bool) -> bool:
+        """Lets tests run the crc32-instruction or table path on a CPU with the fold; returns the previous
+        setting."""
+        return bool(self._allow_vectors(int(allow)))
+
+    def accumulate(self, address: int, nbytes: int, offset: int, stripe: int, registers: int, lengths: int) -> int:
+        """Adds the ``nbytes`` at ``address`` (payload offset ``offset``) to the stripe state at ``registers`` /
+        ``lengths``; 0, or -1 when they do not follow the bytes hashed so far."""
+        return int(self._accumulate(address, nbytes, offset, stripe, registers, lengths))
+
+    def finish(self, payload_bytes: int, stripe: int, registers: int, lengths: int, out: int) -> int:
+        """The stripes' CRC-32Cs from their state into uint32s at ``out``; 0, or -1 when a stripe's bytes did
+        not all come exactly once."""
+        return int(self._finish(payload_bytes, stripe, registers, lengths, out))
+
+    def object_stripes(self, payload_bytes: int, stripe: int) -> ObjectStripes:
+        """An empty stripe state for one object of ``payload_bytes`` bytes."""
+        return ObjectStripes(self, payload_bytes, stripe)
 
     def crc(self, address: int, nbytes: int) -> int:
         """CRC-32C of ``nbytes`` at host ``address``."""
@@ -44,8 +78,8 @@ class NativeCrc32c:
         ``out_address``."""
         self._stripes(address, nbytes, stripe, first, last, out_address)
 
-    def object_stripes(self, buffer: torch.Tensor, objects: int, object_bytes: int, payload_bytes: int,
-                       stripe: int) -> torch.Tensor:
+    def stripes_of_objects(self, buffer: torch.Tensor, objects: int, object_bytes: int, payload_bytes: int,
+                           stripe: int) -> torch.Tensor:
         """CRC-32Cs (``[objects, stripes]`` int32) of the ``stripe``-byte stripes of the first ``payload_bytes`` of
         ``objects`` objects laid every ``object_bytes`` in the host uint8 ``buffer``: what the GPU kernel computes
         (``kernels.triton_crc32c``), for comparing it with."""
@@ -57,14 +91,43 @@ class NativeCrc32c:
         return out
 
 
+class ObjectStripes:
+    """The stripe CRC-32Cs of one object's payload, built from its bytes in order (each stripe's CRC register
+    and byte count so far, in host memory the native code writes)."""
+
+    def __init__(self, lib: NativeCrc32c, payload_bytes: int, stripe: int) -> None:
+        self.lib, self.payload_bytes, self.stripe = lib, payload_bytes, stripe
+        count = -(-payload_bytes // stripe)
+        self.registers = torch.zeros(count, dtype=torch.int32)
+        self.lengths = torch.zeros(count, dtype=torch.int64)
+
+    def feed(self, data: torch.Tensor, offset: int) -> None:
+        """Adds ``data`` (host, contiguous), the payload's bytes at ``offset``, right after the last ones."""
+        status = self.lib.accumulate(data.data_ptr(), data.numel() * data.element_size(), offset, self.stripe,
+                                     self.registers.data_ptr(), self.lengths.data_ptr())
+        if status != 0:
+            raise RuntimeError(f"payload bytes at offset {offset} do not follow the {int(self.lengths.sum())} "
+                               "hashed before them")
+
+    def finish(self, out: torch.Tensor) -> None:
+        """Writes the stripes' CRC-32Cs into ``out`` (int32, one per stripe, contiguous) once every payload byte
+        came, exactly once."""
+        status = self.lib.finish(self.payload_bytes, self.stripe, self.registers.data_ptr(),
+                                 self.lengths.data_ptr(), out.data_ptr())
+        if status != 0:
+            raise RuntimeError(f"{int(self.lengths.sum())} payload bytes were hashed, the object has "
+                               f"{self.payload_bytes}")
+
+
 @functools.cache
 def native() -> NativeCrc32c | None:
     """The native CRC-32C, or None without a (current) native library."""
     lib, _ = load_library()
     if lib is None:
         return None
-    if not hasattr(lib, "lmcp_crc32c_portable"):
-        logger.warning("the native CPU library predates its CRC-32C: chunk checksums use zlib's CRC-32, slower, "
-                       "and servers with a current build do not share chunks with this one; %s", REBUILD_HINT)
+    if not hasattr(lib, "lmcp_crc32c_finish"):
+        logger.warning("the native CPU library predates its current CRC-32C functions: chunk checksums use "
+                       "zlib's CRC-32, slower, and servers with a current build do not share chunks with this one; %s",
+                       REBUILD_HINT)
         return None
     return NativeCrc32c(lib)

@@ -185,7 +185,7 @@ def self_check(device: torch.device) -> str | None:
         return "the native CPU library is not built: nothing to compare with"
     payload, stride = STRIPE_BYTES + 12, STRIPE_BYTES + 16
     host = torch.randint(0, 256, (stride + payload,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
-    expected = lib.object_stripes(host, 2, stride, payload, STRIPE_BYTES)
+    expected = lib.stripes_of_objects(host, 2, stride, payload, STRIPE_BYTES)
     try:
         got = stripe_crcs(host.to(device), 2, stride, payload).cpu()
     except Exception as exc:  # noqa: BLE001 - any failure to build or run the kernel means "hash on the host"

@@ -34,7 +34,7 @@ def interpreting() -> Iterator[None]:
 def native_stripes(buf: torch.Tensor, objects: int, object_bytes: int, payload_bytes: int) -> torch.Tensor:
     lib = native()
     assert lib is not None
-    return lib.object_stripes(buf, objects, object_bytes, payload_bytes, triton_crc32c.STRIPE_BYTES)
+    return lib.stripes_of_objects(buf, objects, object_bytes, payload_bytes, triton_crc32c.STRIPE_BYTES)
 
 
 def test_the_stripe_size_is_the_chunk_checksums() -> None:

@@ -85,7 +85,7 @@ def test_stripe_crcs_on_the_gpu_match_the_native_crc(objects, payload_words, gap
                          generator=torch.Generator().manual_seed(seed))
 
     def native_stripes() -> torch.Tensor:
-        return lib.object_stripes(host, objects, stride, payload, triton_crc32c.STRIPE_BYTES)
+        return lib.stripes_of_objects(host, objects, stride, payload, triton_crc32c.STRIPE_BYTES)
 
     before = triton_crc32c.stripe_crcs(host.to(DEVICE), objects, stride, payload).cpu()
     assert torch.equal(before, native_stripes())

@@ -1,0 +1,35 @@
+/*
+ * The CRC-32C pieces the transfer kernel (kv_transfer.c) hashes a store with, from crc32c.c. A "raw" state
+ * is the CRC register without the initial value or final inversion: lmcp_crc_raw(0, ...) of a piece, joined
+ * to the pieces before it in its stripe by lmcp_crc_merge.
+ */
+#ifndef LMCP_CRC32C_H
+#define LMCP_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { LMCP_CRC_HASH = 0, LMCP_CRC_COPY = 1, LMCP_CRC_STREAM = 2 };
+
+/* `crc` continued over p[0, n). */
+uint32_t lmcp_crc_raw(uint32_t crc, const uint8_t *p, size_t n);
+
+/* Whether lmcp_crc_copy_fold hashes inside the copy (the AVX-512 fold); else it copies, then hashes. */
+int lmcp_crc_folds(void);
+
+/*
+ * Copies src[0, n) to dst (streaming stores if `stream`) and returns `crc` continued over those bytes, hashed
+ * inside the copy loop where lmcp_crc_folds() (without it: a plain copy, then a hash of the source).
+ */
+uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int stream);
+
+/* `crc` moved past n zero bytes: a piece's state as the start of a longer one. */
+uint32_t lmcp_crc_shift(uint32_t crc, int64_t n);
+
+/*
+ * Joins the raw state `crc` of the `len` bytes at object `offset` (inside one stripe) to that stripe's state
+ * acc[k] / lens[k]. 0, or -1 when the piece does not follow the stripe's bytes so far.
+ */
+int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens);
+
+#endif
