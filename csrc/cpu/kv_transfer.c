@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 
 /* lmcp_plane and LMCP_ABI_VERSION, generated from lmcache_platforms/kernels/plane_table.py. */
 #include "../lmcp_plane_table.h"
+#include "crc32c.h"
 
 enum { LMCP_STORE = 0, LMCP_LOAD = 1 };
 
@@ -120,6 +122,73 @@ static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t byt
         stream_copy(dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);
+    }
+}
+
+/*
+ * A store that hashes what it writes (lmcp_transfer_crc) follows the buffer bytes one thread writes in order
+ * with a cursor: the raw CRC state of the piece of the current stripe, cut into a new piece at each stripe
+ * boundary. Bytes a run copies are hashed inside the copy (lmcp_crc_copy_fold); bytes written another way
+ * (transposed tiles, strided segments) or not written (skipped rows) are hashed from the buffer right after,
+ * while they are in cache.
+ */
+typedef struct {
+    int64_t stripe;   /* stripe bytes */
+    int64_t pos;      /* object offset of the next byte */
+    int64_t boundary; /* object offset where the current stripe ends */
+    int64_t start;    /* object offset of the current piece's first byte */
+    uint32_t crc;     /* raw state of the current piece */
+    struct lmcp_piece *out; /* the next piece slot of this grab */
+} lmcp_cursor;
+
+typedef struct lmcp_piece {
+    int64_t offset;
+    int64_t len;
+    uint32_t crc;
+} lmcp_piece;
+
+static void cursor_emit(lmcp_cursor *c) {
+    if (c->pos > c->start) *c->out++ = (lmcp_piece){c->start, c->pos - c->start, c->crc};
+    c->start = c->pos;
+    c->crc = 0;
+}
+
+/* Hashes n bytes already in the buffer at dst, the next ones of the cursor's range. */
+static void cursor_hash(lmcp_cursor *c, const uint8_t *dst, int64_t n) {
+    while (n > 0) {
+        const int64_t m = n < c->boundary - c->pos ? n : c->boundary - c->pos;
+        c->crc = lmcp_crc_raw(c->crc, dst, (size_t)m);
+        dst += m, c->pos += m, n -= m;
+        if (c->pos == c->boundary) {
+            cursor_emit(c);
+            c->boundary += c->stripe;
+        }
+    }
+}
+
+/*
+ * copy_run for a store that hashes: the same copy, each byte hashed as it passes (with the fold, inside the
+ * copy loop; else from the source, in cache right after its piece is copied).
+ */
+static void cursor_copy(lmcp_cursor *c, uint8_t *dst, const uint8_t *src, int64_t n) {
+    const int stream = n >= LMCP_STREAM_STORE_BYTES, fold = lmcp_crc_folds();
+    while (n > 0) {
+        const int64_t m = n < c->boundary - c->pos ? n : c->boundary - c->pos;
+        if (fold) {
+            c->crc = lmcp_crc_copy_fold(dst, src, (size_t)m, c->crc, stream);
+        } else {
+            if (stream) {
+                stream_copy(dst, src, (size_t)m);
+            } else {
+                memcpy(dst, src, (size_t)m);
+            }
+            c->crc = lmcp_crc_raw(c->crc, src, (size_t)m);
+        }
+        dst += m, src += m, c->pos += m, n -= m;
+        if (c->pos == c->boundary) {
+            cursor_emit(c);
+            c->boundary += c->stripe;
+        }
     }
 }
 
@@ -255,21 +324,41 @@ static void move_interleaved(const lmcp_plane *p, const int64_t *slots, int64_t 
     }
 }
 
-/*
- * Moves rows [first, last) of one plane, one memcpy per run of adjacent rows (a run is cut at `last`, so a
- * long run is shared by the threads whose ranges it crosses). Within a run the next address is stepped,
- * not divided out, so a run costs one division.
- */
-static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
-                      uint8_t *buffer, int direction) {
-    uint8_t *plane_rows = buffer + p->buffer_prefix * num_rows;
+/* Rows [first, last) of a plane whose rows are not plain byte runs: transposed tiles or strided segments. */
+static void move_strided(const lmcp_plane *p, const int64_t *slots, int64_t first, int64_t last, uint8_t *plane_rows,
+                         int direction) {
     if (rows_interleaved(p)) {
         move_interleaved(p, slots, first, last, plane_rows, direction);
         return;
     }
-    if (!payload_is_dense(p)) {
-        for (int64_t r = first; r < last; ++r) {
-            if (slots[r] >= 0) copy_segments(p, row_address(p, slots[r]), plane_rows + r * p->row_bytes, direction);
+    for (int64_t r = first; r < last; ++r) {
+        if (slots[r] >= 0) copy_segments(p, row_address(p, slots[r]), plane_rows + r * p->row_bytes, direction);
+    }
+}
+
+/* In a store that hashes, strided rows are moved about this many bytes at a time, then hashed from cache. */
+#define LMCP_HASHED_SPAN_BYTES (16 * 1024)
+
+/*
+ * Moves rows [first, last) of one plane, one memcpy per run of adjacent rows (a run is cut at `last`, so a
+ * long run is shared by the threads whose ranges it crosses). Within a run the next address is stepped,
+ * not divided out, so a run costs one division. With a cursor (a store that hashes), every buffer byte of
+ * the rows is hashed in order, skipped rows' included.
+ */
+static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
+                      uint8_t *buffer, int direction, lmcp_cursor *cur) {
+    uint8_t *plane_rows = buffer + p->buffer_prefix * num_rows;
+    if (rows_interleaved(p) || !payload_is_dense(p)) {
+        if (cur == NULL) {
+            move_strided(p, slots, first, last, plane_rows, direction);
+            return;
+        }
+        int64_t span = LMCP_HASHED_SPAN_BYTES / p->row_bytes / LMCP_TILE * LMCP_TILE;
+        if (span < LMCP_TILE) span = LMCP_TILE;
+        for (int64_t f = first; f < last; f += span) {
+            const int64_t e = f + span < last ? f + span : last;
+            move_strided(p, slots, f, e, plane_rows, direction);
+            cursor_hash(cur, plane_rows + f * p->row_bytes, (e - f) * p->row_bytes);
         }
         return;
     }
@@ -279,6 +368,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
     while (r < last) {
         const int64_t slot = slots[r];
         if (slot < 0) {
+            if (cur != NULL) cursor_hash(cur, plane_rows + r * p->row_bytes, p->row_bytes);
             ++r;
             continue;
         }
@@ -294,7 +384,11 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
         }
         if (direction == LMCP_STORE) prefetched = prefetch_rows(p, slots, num_rows, prefetched > end ? prefetched : end,
                                                                 end + ahead);
-        copy_run(start, plane_rows + r * p->row_bytes, (size_t)((end - r) * p->row_bytes), direction);
+        if (cur != NULL) {
+            cursor_copy(cur, plane_rows + r * p->row_bytes, start, (end - r) * p->row_bytes);
+        } else {
+            copy_run(start, plane_rows + r * p->row_bytes, (size_t)((end - r) * p->row_bytes), direction);
+        }
         r = end;
     }
 }
@@ -319,7 +413,23 @@ typedef struct {
     uint8_t *buffer;
     int direction;
     atomic_llong next; /* first item not yet taken */
+    /* A store that hashes (else pieces is NULL): grab g writes its pieces from pieces + piece_base[g]. */
+    int64_t origin; /* object offset of buffer[0] */
+    int64_t stripe;
+    lmcp_piece *pieces;
+    const int64_t *piece_base;
+    atomic_int miscounted; /* a grab wrote another number of pieces than planned: a bug, reported as -3 */
 } lmcp_job;
+
+/* Buffer offset of item i's row (i == items: the end of the buffer). */
+static int64_t item_offset(const lmcp_job *job, int64_t i) {
+    const int64_t p = i / job->num_rows, r = i - p * job->num_rows;
+    if (i == job->items) {
+        const lmcp_plane *last = &job->planes[p - 1];
+        return (last->buffer_prefix + last->row_bytes) * job->num_rows;
+    }
+    return job->planes[p].buffer_prefix * job->num_rows + r * job->planes[p].row_bytes;
+}
 
 static void run_items(lmcp_job *job) {
     const int64_t rows = job->num_rows;
@@ -330,11 +440,24 @@ static void run_items(lmcp_job *job) {
             return;
         }
         int64_t end = start + job->grain < job->items ? start + job->grain : job->items;
+        lmcp_cursor cursor, *cur = NULL;
+        if (job->pieces != NULL) {
+            const int64_t from = job->origin + item_offset(job, start), grab = start / job->grain;
+            cursor = (lmcp_cursor){job->stripe, from, (from / job->stripe + 1) * job->stripe, from, 0,
+                                   job->pieces + job->piece_base[grab]};
+            cur = &cursor;
+        }
         for (int64_t p = start / rows; p * rows < end; ++p) {
             int64_t first = p * rows > start ? 0 : start - p * rows;
             int64_t last = (p + 1) * rows < end ? rows : end - p * rows;
             move_rows(&job->planes[p], job->slots + p * job->slots_plane_stride, rows, first, last, job->buffer,
-                      job->direction);
+                      job->direction, cur);
+        }
+        if (cur != NULL) {
+            cursor_emit(cur);
+            if (cur->out != job->pieces + job->piece_base[start / job->grain + 1] ||
+                cur->pos != job->origin + item_offset(job, end))
+                atomic_store(&job->miscounted, 1);
         }
     }
 }
@@ -458,6 +581,27 @@ static void run_job(lmcp_job *job, int threads) {
     pthread_mutex_unlock(&submit);
 }
 
+/* The job moving rows between `num_planes` planes and `buffer` (see lmcp_transfer), threads and grain chosen. */
+static int plan_job(lmcp_job *job, const lmcp_plane *planes, int64_t num_planes, const int64_t *slots,
+                    int64_t slots_plane_stride, int64_t num_rows, uint8_t *buffer, int direction, int num_threads) {
+    int64_t total_bytes = 0;
+    for (int64_t p = 0; p < num_planes; ++p) total_bytes += planes[p].row_bytes * num_rows;
+    const int threads = total_bytes < LMCP_PARALLEL_MIN_BYTES || num_threads < 1 ? 1 : num_threads;
+    const int64_t items = num_planes * num_rows;
+    int64_t grab_bytes = total_bytes / ((int64_t)threads * LMCP_GRABS_PER_THREAD);
+    if (grab_bytes < LMCP_MIN_GRAB_BYTES) grab_bytes = LMCP_MIN_GRAB_BYTES;
+    const int64_t item_bytes = items > 0 && total_bytes / items > 0 ? total_bytes / items : 1;
+    *job = (lmcp_job){.planes = planes,
+                      .slots = slots,
+                      .slots_plane_stride = slots_plane_stride,
+                      .num_rows = num_rows,
+                      .items = items,
+                      .grain = grab_bytes / item_bytes > 1 ? grab_bytes / item_bytes : 1,
+                      .buffer = buffer,
+                      .direction = direction};
+    return threads;
+}
+
 /*
  * Moves rows between `num_planes` planes and `buffer`. `slots` holds `num_rows` int64 per plane, plane p's
  * list starting at `slots + p * slots_plane_stride` (stride 0: one list shared by every plane); slots < 0
@@ -467,25 +611,54 @@ static void run_job(lmcp_job *job, int threads) {
 int lmcp_transfer(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots, int64_t slots_plane_stride,
                   int64_t num_rows, uint8_t *buffer, int direction, int num_threads) {
     if (direction != LMCP_STORE && direction != LMCP_LOAD) return -1;
-    int64_t total_bytes = 0;
-    for (int64_t p = 0; p < num_planes; ++p) total_bytes += planes[p].row_bytes * num_rows;
-    const int threads = total_bytes < LMCP_PARALLEL_MIN_BYTES || num_threads < 1 ? 1 : num_threads;
-    const int64_t items = num_planes * num_rows;
-    int64_t grab_bytes = total_bytes / ((int64_t)threads * LMCP_GRABS_PER_THREAD);
-    if (grab_bytes < LMCP_MIN_GRAB_BYTES) grab_bytes = LMCP_MIN_GRAB_BYTES;
-    const int64_t item_bytes = items > 0 && total_bytes / items > 0 ? total_bytes / items : 1;
-    const int64_t grain = grab_bytes / item_bytes > 1 ? grab_bytes / item_bytes : 1;
-    lmcp_job job = {planes,
-                    slots,
-                    slots_plane_stride,
-                    num_rows,
-                    items,
-                    grain,
-                    buffer,
-                    direction,
-                    0};
+    lmcp_job job;
+    const int threads =
+        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, direction, num_threads);
     run_job(&job, threads);
     return 0;
+}
+
+/*
+ * lmcp_transfer's store that also hashes every byte it writes into `buffer`, which holds the object's bytes
+ * from object offset `origin`: each `stripe`-byte stripe's raw CRC state joins acc/lens (lmcp_crc_merge;
+ * zeroed for the object's first bytes, and an object's calls made in offset order), which
+ * lmcp_crc32c_finish turns into the stripes' CRC-32Cs. Returns 0; -1 for a bad argument, -2 when out of
+ * memory (nothing moved), -3 or -4 for a bug (a grab's pieces miscounted, or out of order).
+ */
+int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots, int64_t slots_plane_stride,
+                      int64_t num_rows, uint8_t *buffer, int num_threads, int64_t origin, int64_t stripe,
+                      uint32_t *acc, int64_t *lens) {
+    if (stripe <= 0 || origin < 0) return -1;
+    lmcp_job job;
+    const int threads =
+        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_STORE, num_threads);
+    if (job.items == 0) return 0;
+    job.origin = origin;
+    job.stripe = stripe;
+    const int64_t grabs = (job.items + job.grain - 1) / job.grain;
+    int64_t *base = malloc((size_t)(grabs + 1) * sizeof *base);
+    if (base == NULL) return -2;
+    base[0] = 0;
+    for (int64_t g = 0; g < grabs; ++g) {
+        const int64_t end = (g + 1) * job.grain < job.items ? (g + 1) * job.grain : job.items;
+        const int64_t from = origin + item_offset(&job, g * job.grain), to = origin + item_offset(&job, end);
+        base[g + 1] = base[g] + (to > from ? (to - 1) / stripe - from / stripe + 1 : 0);
+    }
+    lmcp_piece *pieces = malloc((size_t)(base[grabs] > 0 ? base[grabs] : 1) * sizeof *pieces);
+    if (pieces == NULL) {
+        free(base);
+        return -2;
+    }
+    job.pieces = pieces;
+    job.piece_base = base;
+    run_job(&job, threads);
+    int status = atomic_load(&job.miscounted) ? -3 : 0;
+    for (int64_t i = 0; status == 0 && i < base[grabs]; ++i) {
+        if (lmcp_crc_merge(pieces[i].offset, pieces[i].len, pieces[i].crc, stripe, acc, lens) != 0) status = -4;
+    }
+    free(pieces);
+    free(base);
+    return status;
 }
 
 /* Lets the loader check it got a library built with its plane table. */

@@ -5,10 +5,14 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
+
+if TYPE_CHECKING:  # kernels.crc32c loads the CPU backend, which imports this module
+    from lmcache_platforms.kernels.crc32c import ObjectStripes
 
 
 class Direction(enum.Enum):
@@ -114,6 +118,14 @@ class KernelBackend(abc.ABC):
         ``slots`` may be in host memory or on the planes' device: host slots are checked without waiting for
         the device and copied across by the backend (what the connector passes); checking device slots reads
         them back, a synchronisation per call."""
+
+    def store_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                     stripes: ObjectStripes, offset: int) -> None:
+        """A store into host ``buffer``, the object's payload bytes from ``offset``, that also adds every byte it
+        holds afterwards to ``stripes`` (``kernels.crc32c``). This default stores, then hashes the buffer; a
+        backend that can hashes the bytes as it writes them (no second pass over memory)."""
+        self.transfer(planes, slots, buffer, Direction.STORE)
+        stripes.feed(buffer, offset)
 
     def transfer_chunks(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
                         chunk_stride: int, direction: Direction) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -18,6 +19,9 @@ from lmcache_platforms.kernels.contract import Direction, KernelBackend, Transfe
 from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, built_library
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
+
+if TYPE_CHECKING:  # kernels.crc32c loads this module's library
+    from lmcache_platforms.kernels.crc32c import ObjectStripes
 
 logger = init_logger(__name__)
 
@@ -42,7 +46,16 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.lmcp_transfer.restype = ctypes.c_int
+    lib.lmcp_transfer_crc.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, i64, vp, vp]
+    lib.lmcp_transfer_crc.restype = ctypes.c_int
     return lib, ""
+
+
+class _Call(NamedTuple):
+    """A validated call's leading arguments, and the host slots they point into (alive until it returns)."""
+
+    args: tuple[int, int, int, int, int, int]
+    slots: torch.Tensor
 
 
 class CpuBackend(KernelBackend):
@@ -67,6 +80,30 @@ class CpuBackend(KernelBackend):
     def transfer(
         self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, direction: Direction
     ) -> None:
+        lib, call = self._checked(planes, slots, buffer, direction)
+        if call is None:
+            return
+        status = lib.lmcp_transfer(*call.args, _DIRECTIONS[direction], torch.get_num_threads())
+        if status != 0:
+            raise TransferError(f"native transfer failed with status {status}")
+
+    def store_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                     stripes: ObjectStripes, offset: int) -> None:
+        """The store hashes each byte as it copies it (``lmcp_transfer_crc``), on the same threads."""
+        lib, call = self._checked(planes, slots, buffer, Direction.STORE)
+        if call is None:
+            stripes.feed(buffer, offset)
+            return
+        status = lib.lmcp_transfer_crc(*call.args, torch.get_num_threads(), offset, stripes.stripe,
+                                       stripes.registers.data_ptr(), stripes.lengths.data_ptr())
+        if status == -2:
+            raise MemoryError("the native store could not allocate its list of hashed pieces")
+        if status != 0:
+            raise TransferError(f"native hashing store failed with status {status}")
+
+    def _checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                 direction: Direction) -> tuple[ctypes.CDLL, _Call | None]:
+        """The library and the validated call's leading arguments (None: no rows, nothing to move)."""
         lib, reason = load_library()
         if lib is None:
             if not self._warned:
@@ -83,20 +120,11 @@ class CpuBackend(KernelBackend):
         entry.validate(planes, slots, buffer)
         rows = slots.shape[-1]
         if rows == 0:
-            return
+            return lib, None
         slots = slots.contiguous() if slots.device.type == "cpu" else slots.to("cpu").contiguous()
-        status = lib.lmcp_transfer(
-            entry.table.data_ptr(),
-            len(planes),
-            slots.data_ptr(),
-            rows if slots.dim() == 2 else 0,
-            rows,
-            buffer.data_ptr(),
-            _DIRECTIONS[direction],
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise TransferError(f"native transfer failed with status {status}")
+        args = (entry.table.data_ptr(), len(planes), slots.data_ptr(), rows if slots.dim() == 2 else 0, rows,
+                buffer.data_ptr())
+        return lib, _Call(args, slots)
 
 
 BACKEND = CpuBackend()

@@ -1,0 +1,170 @@
+"""The CPU backend's store that hashes as it copies: the same bytes as a plain store, and stripe CRC-32Cs equal
+to hashing the finished object, on random layouts, stripe sizes, object offsets, threads and both CRC paths
+(the AVX-512 fold where this CPU has it, the crc32 instruction or table otherwise)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmcache_platforms.kernels.contract import Direction, buffer_bytes
+from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
+from lmcache_platforms.kernels.crc32c import NativeCrc32c, native
+from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
+from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+from tests.kernels.strategies import interleaved_cases, transfer_cases
+
+pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
+
+
+def _lib() -> NativeCrc32c:
+    lib = native()
+    assert lib is not None
+    return lib
+
+
+def stripes_of(obj: torch.Tensor, stripe: int) -> torch.Tensor:
+    """The oracle: the finished object's stripes hashed from memory, one by one."""
+    out = torch.zeros(-(-obj.numel() // stripe), dtype=torch.int32)
+    _lib().stripes(obj.data_ptr(), obj.numel(), stripe, 0, out.numel(), out.data_ptr())
+    return out
+
+
+def hashed_store(planes, slots, obj: torch.Tensor, offset: int, stripe: int, backend=CPU) -> torch.Tensor:
+    """Stores the planes into ``obj`` at ``offset`` with ``backend.store_hashed``, the bytes around them fed
+    from memory, and returns the stripe CRCs the store built."""
+    nbytes = buffer_bytes(planes, slots.shape[-1])
+    stripes = _lib().object_stripes(obj.numel(), stripe)
+    stripes.feed(obj[:offset], 0)
+    backend.store_hashed(planes, slots, obj[offset : offset + nbytes], stripes, offset)
+    stripes.feed(obj[offset + nbytes :], offset + nbytes)
+    out = torch.zeros_like(stripes.registers)
+    stripes.finish(out)
+    return out
+
+
+def check(planes, slots, stripe: int, before: int, after: int, seed: int) -> None:
+    nbytes = buffer_bytes(planes, slots.shape[-1])
+    gen = torch.Generator().manual_seed(seed)
+    obj = torch.randint(0, 256, (before + nbytes + after,), dtype=torch.uint8, generator=gen)
+    expected = obj.clone()
+    TORCH.transfer(planes, slots, expected[before : before + nbytes], Direction.STORE)
+    got = hashed_store(planes, slots, obj, before, stripe)
+    assert torch.equal(obj, expected), "the hashing store wrote other bytes than a plain store"
+    assert torch.equal(got, stripes_of(obj, stripe))
+
+
+@contextlib.contextmanager
+def crc_path(vectors: bool) -> Iterator[None]:
+    """The AVX-512 fold allowed or not (the crc32 instruction or the table then), for the test's duration."""
+    previous = _lib().allow_vectors(vectors)
+    try:
+        yield
+    finally:
+        _lib().allow_vectors(previous)
+
+
+PATHS = pytest.mark.parametrize("vectors", [True, False], ids=["vectors", "no-vectors"])
+
+
+@PATHS
+@settings(max_examples=80, deadline=None)
+@given(case=st.one_of(transfer_cases(), interleaved_cases()), stripe=st.integers(1, 3000),
+       before=st.integers(0, 5000), after=st.integers(0, 3000), seed=st.integers(0, 1000))
+def test_random_layouts_hash_as_they_store(vectors, case, stripe, before, after, seed):
+    """Strided segments, transposed tiles, runs and skipped rows, cut by stripes anywhere (inside a row too)."""
+    with crc_path(vectors):
+        check(*case, stripe, before, after, seed)
+
+
+@PATHS
+@settings(max_examples=25, deadline=None)
+@given(page=st.integers(8 * 1024 - 3, 48 * 1024), offset=st.integers(0, 63), stripe=st.integers(300, 70000),
+       before=st.integers(0, 70000), data=st.data())
+def test_block_pages_hash_inside_the_streaming_copy(vectors, page, offset, stripe, before, data):
+    """Whole pages: runs from 32 KiB go through streaming stores, hashed in the same loop, at every
+    destination alignment and stripe cut."""
+    blocks = 6
+    storage = torch.randint(0, 256, (3 * blocks * page + offset + 64,), dtype=torch.uint8)
+    geometry = PlaneGeometry(blocks, page, 1, 0, 1, page, 0)
+    group = [Plane(f"l{i}", "page", 0, torch.uint8, geometry, offset + i * blocks * page, storage) for i in range(3)]
+    slots = torch.tensor(data.draw(st.lists(st.sampled_from([-1, 0, 1, 2, 3, 4, 5]), min_size=1, max_size=6,
+                                            unique=True)), dtype=torch.int64)
+    with crc_path(vectors):
+        check(group, slots, stripe, before, data.draw(st.integers(0, 999)), data.draw(st.integers(0, 1000)))
+
+
+@PATHS
+def test_a_parallel_store_over_many_stripes(vectors):
+    """Over the parallel threshold (several threads, several grabs): the default 64 KiB stripes, token rows."""
+    storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
+    geometry = PlaneGeometry(64, 16 * 512, 16, 512, 1, 512, 512)
+    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 64 * 16 * 512, storage) for i in range(16)]
+    slots = torch.cat([torch.arange(160, 400), torch.tensor([-1, 5, 3, -1]), (torch.randperm(34)[:20] + 30) * 16])
+    assert buffer_bytes(planes, slots.numel()) > 16 * 64 * 1024
+    with crc_path(vectors):
+        check(planes, slots, 64 * 1024, 1000, 8, 3)
+
+
+def test_the_default_store_hashes_after_it_copies():
+    """A backend without its own hashing store (here `torch`) stores, then hashes the buffer: same result."""
+    storage = torch.randint(0, 256, (4 * 16 * 256,), dtype=torch.uint8)
+    geometry = PlaneGeometry(4, 16 * 256, 16, 256, 1, 256, 256)
+    planes = [Plane("l0", "kv", 0, torch.uint8, geometry, 0, storage)]
+    slots = torch.arange(3, 40)
+    obj = torch.zeros(buffer_bytes(planes, 37) + 10, dtype=torch.uint8)
+    assert torch.equal(hashed_store(planes, slots, obj, 10, 1000, TORCH), stripes_of(obj, 1000))
+
+
+def test_a_planted_fault_is_caught():
+    """Negative control: the oracle compares every stripe. A byte flipped after the store (or a piece of the
+    object never hashed) makes the stripes differ, or the state refuses to finish."""
+    storage = torch.randint(0, 256, (4 * 16 * 256,), dtype=torch.uint8)
+    geometry = PlaneGeometry(4, 16 * 256, 16, 256, 1, 256, 256)
+    planes = [Plane("l0", "kv", 0, torch.uint8, geometry, 0, storage)]
+    slots = torch.arange(0, 48)
+    obj = torch.zeros(buffer_bytes(planes, 48), dtype=torch.uint8)
+    got = hashed_store(planes, slots, obj, 0, 5000)
+    obj[7777] ^= 1
+    assert not torch.equal(got, stripes_of(obj, 5000))
+    assert (got != stripes_of(obj, 5000)).sum() == 1
+    stripes = _lib().object_stripes(obj.numel() + 1, 5000)
+    CPU.store_hashed(planes, slots, obj, stripes, 0)
+    with pytest.raises(RuntimeError, match=f"{obj.numel()} payload bytes were hashed, the object has "
+                                           f"{obj.numel() + 1}"):
+        stripes.finish(torch.zeros_like(stripes.registers))
+    with pytest.raises(RuntimeError, match="payload bytes at offset 5 do not follow the 12288 hashed before them"):
+        stripes.feed(obj[:3], 5)
+
+
+def test_a_hashing_store_as_the_first_crc_of_a_process():
+    """The fold's constants are built on first use, whichever entry point comes first: here the store, in a
+    fresh interpreter, over one whole 64 KiB-page chunk on two threads (a build that skipped them hashed every
+    stripe wrong)."""
+    script = (
+        "import torch\n"
+        "from lmcache_platforms.kernels.cpu_backend import BACKEND\n"
+        "from lmcache_platforms.kernels.crc32c import native\n"
+        "from lmcache_platforms.layout.plane import Plane, PlaneGeometry\n"
+        "torch.set_num_threads(2)\n"
+        "storage = torch.randint(0, 256, (8 * 65536,), dtype=torch.uint8)\n"
+        "planes = [Plane('l0', 'kv', 0, torch.uint8, PlaneGeometry(8, 65536, 16, 4096, 1, 4096, 4096), 0, storage)]\n"
+        "obj = torch.zeros(8 * 65536, dtype=torch.uint8)\n"
+        "lib = native()\n"
+        "stripes = lib.object_stripes(obj.numel(), 65536)\n"
+        "BACKEND.store_hashed(planes, torch.arange(128), obj, stripes, 0)\n"
+        "got = torch.zeros(8, dtype=torch.int32)\n"
+        "stripes.finish(got)\n"
+        "want = torch.zeros(8, dtype=torch.int32)\n"
+        "lib.stripes(obj.data_ptr(), obj.numel(), 65536, 0, 8, want.data_ptr())\n"
+        "print((got != want).sum().item())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "0"
