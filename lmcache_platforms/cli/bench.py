@@ -90,6 +90,8 @@ class Batch:
     slots: torch.Tensor
     buffer: torch.Tensor
     stride: int
+    first: int  # the run's first chunk
+    offset: int  # the group's bytes' offset in each chunk's object
 
 
 def _synchronizer(device) -> Callable[[], None]:
@@ -134,7 +136,8 @@ def _batches(layout, block_ids, chunks: int, device) -> tuple[list[torch.Tensor]
         bounds = [(c * layout.chunk_size, (c + 1) * layout.chunk_size) for c in range(first, first + count)]
         for launch in fmt.launches:
             slots = _pinned_if(layout.group_chunks_slots(launch.tg.group, block_ids, bounds), pinned)
-            batches.append(Batch(launch.planes, slots, whole[first * fmt.nbytes + launch.offset :], fmt.nbytes))
+            batches.append(Batch(launch.planes, slots, whole[first * fmt.nbytes + launch.offset :], fmt.nbytes,
+                                 first, launch.offset))
     return objects, batches, len(fmt.launches)
 
 
@@ -222,7 +225,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     store, load = run(Direction.STORE), run(Direction.LOAD)
     works: dict[str, Callable[[], object]] = {"store": store, "load": load}
     if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
-        works.update(_checksummed(objects, store, load, moved))
+        works.update(_checksummed(objects, batches, backend, load, moved))
     else:
         works.update(_through_pinned_host(objects, store, load, moved, device, sync,
                                           paged_format(layout).payload_bytes))
@@ -309,17 +312,35 @@ def _through_pinned_host(objects: list[torch.Tensor], store: Callable[[], None],
             "store_to_host_host_checksum": store_hashed_on_host, "load_from_host_host_checksum": load_checked_on_host}
 
 
-def _checksummed(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
+def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, load: Callable[[], None],
                  payload: int) -> dict[str, Callable[[], None]]:
     """Store then seal the batch's objects, check them then load, and the checksum alone (CPU objects), as the
-    connector does per batch of chunks."""
+    connector does per batch of chunks: the store object by object, each group's kernel hashing the bytes it
+    copies (``KernelBackend.store_hashed``), the load after a pass that hashes every object."""
     from lmcache_platforms.connector import checksum
+    from lmcache_platforms.kernels.contract import Direction
+    from lmcache_platforms.layout.plane import buffer_bytes
 
     per_object = payload // len(objects)
+    parts: list[list[tuple[int, Batch, int]]] = [[] for _ in objects]
+    for batch in batches:
+        for index in range(batch.slots.shape[0]):
+            parts[batch.first + index].append((batch.offset, batch, index))
+    stripes = checksum.stripe_room(per_object, len(objects))
 
     def store_checksummed() -> None:
-        store()
-        checksum.seal(objects, per_object)
+        for index, obj in enumerate(objects):
+            if stripes is None:  # no native CRC-32C: store, then hash
+                for offset, batch, row in sorted(parts[index], key=lambda part: part[0]):
+                    nbytes = buffer_bytes(batch.planes, batch.slots.shape[-1])
+                    backend.transfer(batch.planes, batch.slots[row], obj[offset : offset + nbytes], Direction.STORE)
+                continue
+            hashed = checksum.object_stripes(per_object)
+            for offset, batch, row in sorted(parts[index], key=lambda part: part[0]):
+                nbytes = buffer_bytes(batch.planes, batch.slots.shape[-1])
+                backend.store_hashed(batch.planes, batch.slots[row], obj[offset : offset + nbytes], hashed, offset)
+            hashed.finish(stripes[index])
+        checksum.seal(objects, per_object, stripes)
 
     def load_checksummed() -> None:
         if checksum.mismatched(objects, per_object):

@@ -17,6 +17,7 @@ from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, La
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
 from lmcache_platforms.kernels import triton_crc32c
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
+from lmcache_platforms.kernels.crc32c import ObjectStripes
 from lmcache_platforms.kernels.registry import select_backend
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
@@ -203,8 +204,13 @@ class LayoutBinding:
         Staged through device scratch, each launch moves a scratch-full of chunks at once (see
         ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object. Whole chunks staged on a GPU are
         hashed there too: returns their stripe CRCs for ``seal`` (pinned host memory, final once the store stream
-        is finished), else None."""
-        stripes = self._stripes_on_device(fmt, len(hosts)) if launches is None else None
+        is finished); whole chunks stored straight into host objects get them from the store kernels, which hash
+        each byte as they copy it (``KernelBackend.store_hashed``); else None."""
+        stripes = None
+        if launches is None and self.scratch:
+            stripes = self._stripes_on_device(fmt, len(hosts))
+        elif launches is None:
+            stripes = checksum.stripe_room(fmt.payload_bytes, len(hosts))
         self._move_chunks(fmt, hosts, slots, Direction.STORE, launches, stripes)
         return stripes
 
@@ -246,9 +252,15 @@ class LayoutBinding:
         moved = fmt.launches if launches is None else tuple(launches)
         if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
             for index, host in enumerate(hosts):
+                hashed = checksum.object_stripes(fmt.payload_bytes) if stripes is not None else None
                 for launch in moved:
                     region = host[launch.offset : launch.offset + launch.nbytes]
-                    self._transfer(launch, slots[launch.tg.group][index], region, direction)
+                    if hashed is None:
+                        self._transfer(launch, slots[launch.tg.group][index], region, direction)
+                    else:
+                        self._store_hashed(launch, slots[launch.tg.group][index], region, hashed)
+                if hashed is not None and stripes is not None:
+                    hashed.finish(stripes[index])
             return []
         size = fmt.payload_bytes
         # Whole chunks cross in one copy each; one layer's pieces each in their own.
@@ -287,6 +299,12 @@ class LayoutBinding:
     def _transfer(self, launch: Launch, rows: torch.Tensor, region: torch.Tensor, direction: Direction) -> None:
         backend = self._backends[id(launch.planes)]
         backend.transfer(launch.planes, rows, region, direction)
+        self.counters.launches += 1
+        self.counters.backends.add(backend.name)
+
+    def _store_hashed(self, launch: Launch, rows: torch.Tensor, region: torch.Tensor, hashed: ObjectStripes) -> None:
+        backend = self._backends[id(launch.planes)]
+        backend.store_hashed(launch.planes, rows, region, hashed, launch.offset)
         self.counters.launches += 1
         self.counters.backends.add(backend.name)
 

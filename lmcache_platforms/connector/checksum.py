@@ -6,9 +6,12 @@ checksum (little-endian) and a 4-byte mark, inside the padding the chunk format 
 makes room for it). The store writes it once the rows are in host memory; a load checks every object before a
 byte of it is written into the KV cache (``LayoutBinding.load_verified`` says in which order).
 
-The checksum is the CRC-32C of the list of CRC-32Cs of the payload's 64 KiB stripes, computed by the native
-CPU library (``kernels.crc32c``: the crc32 instruction, three stripes at once) on as many threads as the kernels
-use, or, for chunks the connector stages on a GPU, by a Triton kernel there (``kernels.triton_crc32c``, the same
+The checksum is the CRC-32C of the list of CRC-32Cs of the payload's 64 KiB stripes. A whole-chunk store into
+host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it (``stripe_room``,
+``object_stripes``, ``KernelBackend.store_hashed``): no second pass over the object. Otherwise (a load's
+check, a layer-by-layer store) the native CPU library hashes the objects (``kernels.crc32c``: an AVX-512
+carry-less fold, or the crc32 instruction on three stripes at once) on as many threads as the kernels use; for
+chunks the connector stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same
 values), so only the short list of stripe CRCs crosses to the host. It was chosen by measurement
 (``lmcache-platforms bench --layout``; one thread on the CI machine: zlib's CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9,
 blake2b 0.9, the instruction about 20). Without the native library the stripes' CRC-32 (``zlib.crc32``, which
@@ -30,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.kernels.crc32c import native
+from lmcache_platforms.kernels.crc32c import ObjectStripes, native
 
 TRAILER_BYTES = 8
 STRIPE_BYTES = 64 << 10
@@ -46,6 +49,22 @@ def stripes_are_crc32c() -> bool:
 def format_version() -> str:
     """Part of every chunk format's fingerprint: objects with another (or no) checksum live under other keys."""
     return f"{'crc32c' if native() is not None else 'crc32'}-stripes-{STRIPE_BYTES}-trailer-v1"
+
+
+def stripe_room(payload_bytes: int, objects: int) -> torch.Tensor | None:
+    """Room for the stripe CRC-32Cs of ``objects`` objects that a hashing store fills (``object_stripes``), or
+    None where stripes are not CRC-32C (no native library: ``checksums`` hashes the objects afterwards)."""
+    if native() is None:
+        return None
+    return torch.empty((objects, max(1, -(-payload_bytes // STRIPE_BYTES))), dtype=torch.int32)
+
+
+def object_stripes(payload_bytes: int) -> ObjectStripes:
+    """An empty stripe state for one object of ``payload_bytes``, which a hashing store fills as it copies."""
+    lib = native()
+    if lib is None:
+        raise RuntimeError("stripe states need the native CRC-32C, which this process does not have")
+    return lib.object_stripes(payload_bytes, STRIPE_BYTES)
 
 
 @functools.cache

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.connector import checksum
+from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.checksum import TRAILER_BYTES
+from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.connector.verified_loads import ChecksumMismatch
@@ -23,6 +25,7 @@ from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
 from tests.ci import missing
+from tests.layout.strategies import layout_specs
 
 CHUNKS = 3
 
@@ -52,6 +55,38 @@ def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pyte
         flats[index][where] ^= 1
         assert checksum.mismatched(flats, payload) == [index]
         flats[index][where] ^= 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(layout_specs(every_group=True, min_chunks=1), st.sampled_from(["bundled", "exploded"]),
+       st.sampled_from(["cpu", "torch"]), st.randoms(use_true_random=False))
+def test_a_whole_chunk_store_hashes_what_it_writes(spec, mode, backend, rng) -> None:
+    """Into host objects, a whole-chunk store returns the stripe CRCs of the bytes it wrote (the cpu backend
+    hashing inside its copy loops, `torch` right after its copy), and `seal` writes from them the trailer a
+    pass over the finished objects writes. Negative control: a byte changed between the store and the seal is
+    not in those stripes, so that object fails its check."""
+    layout = materialize(spec, mode, seed=rng.randrange(2**16))
+    assume(layout.transfer_groups)
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], backend)
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=rng.randrange(2**16))
+    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
+    assume(bounds)
+    slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
+    hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
+    stripes = binding.store_chunks(fmt, hosts, slots)
+    assert stripes is not None and stripes.shape == (len(hosts), -(-fmt.payload_bytes // checksum.STRIPE_BYTES))
+    passed = [host.clone() for host in hosts]
+    binding.seal(fmt, hosts, stripes)
+    checksum.seal(passed, fmt.payload_bytes)
+    assert all(torch.equal(a, b) for a, b in zip(hosts, passed, strict=True))
+    assert binding.corrupt(fmt, hosts) == []
+
+    changed = rng.randrange(len(hosts))
+    stripes = binding.store_chunks(fmt, hosts, slots)
+    hosts[changed][rng.randrange(fmt.payload_bytes)] ^= 0x10
+    binding.seal(fmt, hosts, stripes)
+    assert binding.corrupt(fmt, hosts) == [changed]
 
 
 def test_an_unsealed_object_is_not_intact() -> None:
