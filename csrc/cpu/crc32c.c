@@ -265,6 +265,40 @@ int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, ui
     return 0;
 }
 
+int lmcp_crc_check(const uint8_t *object, int64_t payload, int64_t stripe, const uint32_t *expected,
+                   atomic_uint *state, int64_t from, int64_t to) {
+    pthread_once(&table_once, build_tables);
+    for (int64_t k = from / stripe; from < to && k <= (to - 1) / stripe; k++) {
+        unsigned seen = atomic_load_explicit(&state[k], memory_order_acquire);
+        if (seen == LMCP_STRIPE_NEW &&
+            atomic_compare_exchange_strong_explicit(&state[k], &seen, LMCP_STRIPE_BUSY, memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            const int64_t start = k * stripe, len = payload - start < stripe ? payload - start : stripe;
+            const uint32_t crc = ~crc_any(0xFFFFFFFFu, object + start, (size_t)len);
+            seen = crc == expected[k] ? LMCP_STRIPE_GOOD : LMCP_STRIPE_BAD;
+            atomic_store_explicit(&state[k], seen, memory_order_release);
+        }
+        while (seen == LMCP_STRIPE_BUSY) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+            seen = atomic_load_explicit(&state[k], memory_order_acquire);
+        }
+        if (seen != LMCP_STRIPE_GOOD) return 0;
+    }
+    return 1;
+}
+
+/*
+ * 1 when every stripe of the `payload`-byte object that overlaps its bytes [from, to) matches its CRC-32C in
+ * `expected`, checking those `state` (one per stripe, zeroed for a new object) does not mark checked yet; 0 at
+ * the first that does not.
+ */
+int lmcp_crc32c_check(const uint8_t *object, int64_t payload, int64_t stripe, const uint32_t *expected,
+                      uint32_t *state, int64_t from, int64_t to) {
+    return lmcp_crc_check(object, payload, stripe, expected, (atomic_uint *)state, from, to);
+}
+
 /* CRC-32C of data[0, n). */
 uint32_t lmcp_crc32c(const uint8_t *data, int64_t n) { return ~lmcp_crc_raw(0xFFFFFFFFu, data, (size_t)n); }
 

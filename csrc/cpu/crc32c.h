@@ -6,6 +6,7 @@
 #ifndef LMCP_CRC32C_H
 #define LMCP_CRC32C_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,5 +32,19 @@ uint32_t lmcp_crc_shift(uint32_t crc, int64_t n);
  * acc[k] / lens[k]. 0, or -1 when the piece does not follow the stripe's bytes so far.
  */
 int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens);
+
+/*
+ * A checked load's stripes: each is hashed once, by the first thread whose rows need it, and compared with
+ * the CRC the object carries; the others wait for the verdict.
+ */
+enum { LMCP_STRIPE_NEW = 0, LMCP_STRIPE_BUSY = 1, LMCP_STRIPE_GOOD = 2, LMCP_STRIPE_BAD = 3 };
+
+/*
+ * 1 when every stripe of the `payload`-byte object overlapping its bytes [from, to) matches `expected`
+ * (hashing those still new in `state`, waiting for those another thread is hashing); 0 at the first that does
+ * not.
+ */
+int lmcp_crc_check(const uint8_t *object, int64_t payload, int64_t stripe, const uint32_t *expected,
+                   atomic_uint *state, int64_t from, int64_t to);
 
 #endif

@@ -324,6 +324,32 @@ static void move_interleaved(const lmcp_plane *p, const int64_t *slots, int64_t 
     }
 }
 
+/*
+ * A load that checks what it writes (lmcp_transfer_checked): before any row is written, every stripe of the
+ * object its buffer bytes lie in must match the CRC the object carries (lmcp_crc_check, each stripe hashed
+ * once by whichever thread needs it first, then copied from cache). The first stripe that does not stops every
+ * thread: only bytes of matching stripes reach the planes.
+ */
+typedef struct {
+    const uint8_t *object; /* the object's first byte */
+    int64_t payload;
+    int64_t stripe;
+    int64_t origin; /* object offset of buffer[0] */
+    const uint32_t *expected;
+    atomic_uint *state;
+    atomic_int bad;
+} lmcp_check;
+
+/* Whether buffer bytes [offset, offset + n) may be written out: their stripes match, and none failed so far. */
+static int checked(lmcp_check *chk, int64_t offset, int64_t n) {
+    if (atomic_load_explicit(&chk->bad, memory_order_relaxed)) return 0;
+    if (lmcp_crc_check(chk->object, chk->payload, chk->stripe, chk->expected, chk->state, chk->origin + offset,
+                       chk->origin + offset + n))
+        return 1;
+    atomic_store_explicit(&chk->bad, 1, memory_order_relaxed);
+    return 0;
+}
+
 /* Rows [first, last) of a plane whose rows are not plain byte runs: transposed tiles or strided segments. */
 static void move_strided(const lmcp_plane *p, const int64_t *slots, int64_t first, int64_t last, uint8_t *plane_rows,
                          int direction) {
@@ -346,10 +372,11 @@ static void move_strided(const lmcp_plane *p, const int64_t *slots, int64_t firs
  * the rows is hashed in order, skipped rows' included.
  */
 static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
-                      uint8_t *buffer, int direction, lmcp_cursor *cur) {
-    uint8_t *plane_rows = buffer + p->buffer_prefix * num_rows;
+                      uint8_t *buffer, int direction, lmcp_cursor *cur, lmcp_check *chk) {
+    const int64_t plane_offset = p->buffer_prefix * num_rows;
+    uint8_t *plane_rows = buffer + plane_offset;
     if (rows_interleaved(p) || !payload_is_dense(p)) {
-        if (cur == NULL) {
+        if (cur == NULL && chk == NULL) {
             move_strided(p, slots, first, last, plane_rows, direction);
             return;
         }
@@ -357,8 +384,9 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
         if (span < LMCP_TILE) span = LMCP_TILE;
         for (int64_t f = first; f < last; f += span) {
             const int64_t e = f + span < last ? f + span : last;
+            if (chk != NULL && !checked(chk, plane_offset + f * p->row_bytes, (e - f) * p->row_bytes)) return;
             move_strided(p, slots, f, e, plane_rows, direction);
-            cursor_hash(cur, plane_rows + f * p->row_bytes, (e - f) * p->row_bytes);
+            if (cur != NULL) cursor_hash(cur, plane_rows + f * p->row_bytes, (e - f) * p->row_bytes);
         }
         return;
     }
@@ -384,6 +412,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
         }
         if (direction == LMCP_STORE) prefetched = prefetch_rows(p, slots, num_rows, prefetched > end ? prefetched : end,
                                                                 end + ahead);
+        if (chk != NULL && !checked(chk, plane_offset + r * p->row_bytes, (end - r) * p->row_bytes)) return;
         if (cur != NULL) {
             cursor_copy(cur, plane_rows + r * p->row_bytes, start, (end - r) * p->row_bytes);
         } else {
@@ -419,6 +448,7 @@ typedef struct {
     lmcp_piece *pieces;
     const int64_t *piece_base;
     atomic_int miscounted; /* a grab wrote another number of pieces than planned: a bug, reported as -3 */
+    lmcp_check *check;     /* a load that checks what it writes, else NULL */
 } lmcp_job;
 
 /* Buffer offset of item i's row (i == items: the end of the buffer). */
@@ -451,7 +481,7 @@ static void run_items(lmcp_job *job) {
             int64_t first = p * rows > start ? 0 : start - p * rows;
             int64_t last = (p + 1) * rows < end ? rows : end - p * rows;
             move_rows(&job->planes[p], job->slots + p * job->slots_plane_stride, rows, first, last, job->buffer,
-                      job->direction, cur);
+                      job->direction, cur, job->check);
         }
         if (cur != NULL) {
             cursor_emit(cur);
@@ -659,6 +689,27 @@ int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_
     free(pieces);
     free(base);
     return status;
+}
+
+/*
+ * lmcp_transfer's load that checks what it writes: `buffer` holds the bytes at object offset `origin` of the
+ * `payload`-byte object at `object`, whose stripes' CRC-32Cs are `expected`; `state` (one per stripe, zeroed
+ * for the object's first call) records which stripes were checked, across the object's calls. Returns 0 when
+ * every row was written; 1 when a stripe did not match: the load stopped, and only bytes of stripes that
+ * matched were written; -1 for a bad argument.
+ */
+int lmcp_transfer_checked(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots,
+                          int64_t slots_plane_stride, int64_t num_rows, uint8_t *buffer, int num_threads,
+                          int64_t origin, const uint8_t *object, int64_t payload, int64_t stripe,
+                          const uint32_t *expected, uint32_t *state) {
+    if (stripe <= 0 || origin < 0 || object == NULL) return -1;
+    lmcp_job job;
+    const int threads =
+        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_LOAD, num_threads);
+    lmcp_check check = {object, payload, stripe, origin, expected, (atomic_uint *)state, 0};
+    job.check = &check;
+    run_job(&job, threads);
+    return atomic_load(&check.bad) ? 1 : 0;
 }
 
 /* Lets the loader check it got a library built with its plane table. */

@@ -12,7 +12,7 @@ import torch
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
 if TYPE_CHECKING:  # kernels.crc32c loads the CPU backend, which imports this module
-    from lmcache_platforms.kernels.crc32c import ObjectStripes
+    from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
 
 
 class Direction(enum.Enum):
@@ -126,6 +126,17 @@ class KernelBackend(abc.ABC):
         backend that can hashes the bytes as it writes them (no second pass over memory)."""
         self.transfer(planes, slots, buffer, Direction.STORE)
         stripes.feed(buffer, offset)
+
+    def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: ObjectCheck,
+                     offset: int) -> bool:
+        """A load from host ``buffer``, the object's payload bytes from ``offset``, that writes only bytes whose
+        stripe matches the CRC the object carries; False when one does not (the load stopped there). This
+        default checks every stripe the buffer overlaps, then loads; a backend that can checks each stripe
+        just before its rows are written, reading it from cache."""
+        if not check.check(offset, offset + buffer.numel() * buffer.element_size()):
+            return False
+        self.transfer(planes, slots, buffer, Direction.LOAD)
+        return True
 
     def transfer_chunks(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
                         chunk_stride: int, direction: Direction) -> None:

@@ -21,7 +21,7 @@ from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:  # kernels.crc32c loads this module's library
-    from lmcache_platforms.kernels.crc32c import ObjectStripes
+    from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
 
 logger = init_logger(__name__)
 
@@ -48,6 +48,8 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     lib.lmcp_transfer.restype = ctypes.c_int
     lib.lmcp_transfer_crc.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, i64, vp, vp]
     lib.lmcp_transfer_crc.restype = ctypes.c_int
+    lib.lmcp_transfer_checked.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, vp, i64, i64, vp, vp]
+    lib.lmcp_transfer_checked.restype = ctypes.c_int
     return lib, ""
 
 
@@ -100,6 +102,20 @@ class CpuBackend(KernelBackend):
             raise MemoryError("the native store could not allocate its list of hashed pieces")
         if status != 0:
             raise TransferError(f"native hashing store failed with status {status}")
+
+    def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: ObjectCheck,
+                     offset: int) -> bool:
+        """Each stripe is checked by the thread that first needs it, just before its rows are written, so the
+        copy reads it from cache (``lmcp_transfer_checked``)."""
+        lib, call = self._checked(planes, slots, buffer, Direction.LOAD)
+        if call is None:
+            return True
+        status = lib.lmcp_transfer_checked(*call.args, torch.get_num_threads(), offset, check.flat.data_ptr(),
+                                           check.payload_bytes, check.stripe, check.expected.data_ptr(),
+                                           check.state.data_ptr())
+        if status < 0:
+            raise TransferError(f"native checked load failed with status {status}")
+        return status == 0
 
     def _checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
                  direction: Direction) -> tuple[ctypes.CDLL, _Call | None]:

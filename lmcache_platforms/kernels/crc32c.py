@@ -4,8 +4,9 @@ A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ, the crc32 instruct
 (three stripes at once), a table elsewhere: the same values every way. ctypes releases the GIL for the call,
 so several Python threads hash stripes in parallel. ``ObjectStripes`` builds one object's stripe CRCs from
 pieces in byte order: what the CPU backend's hashing store (``cpu_backend.CpuBackend.store_hashed``) writes
-into as it copies. ``native()`` is None when the library was not built, or is a build from before these
-functions (then rebuild it).
+into as it copies; ``ObjectCheck`` is a load's check of an object stripe by stripe against the CRCs it
+carries (``cpu_backend.CpuBackend.load_checked``). ``native()`` is None when the library was not built, or is
+a build from before these functions (then rebuild it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class NativeCrc32c:
         self._allow_vectors = lib.lmcp_crc32c_allow_vectors
         self._allow_vectors.argtypes, self._allow_vectors.restype = [ctypes.c_int], ctypes.c_int
         self._folding = lib.lmcp_crc32c_folding
+        self._check = lib.lmcp_crc32c_check
+        self._check.argtypes, self._check.restype = [vp, i64, i64, vp, vp, i64, i64], ctypes.c_int
 
     @property
     def folding(self) -> bool:
@@ -60,6 +63,12 @@ class NativeCrc32c:
         """The stripes' CRC-32Cs from their state into uint32s at ``out``; 0, or -1 when a stripe's bytes did
         not all come exactly once."""
         return int(self._finish(payload_bytes, stripe, registers, lengths, out))
+
+    def check(self, address: int, payload_bytes: int, stripe: int, expected: int, state: int, start: int,
+              end: int) -> bool:
+        """Whether every stripe overlapping payload bytes ``[start, end)`` matches its CRC at ``expected``
+        (checking those ``state`` does not mark checked)."""
+        return bool(self._check(address, payload_bytes, stripe, expected, state, start, end))
 
     def object_stripes(self, payload_bytes: int, stripe: int) -> ObjectStripes:
         """An empty stripe state for one object of ``payload_bytes`` bytes."""
@@ -119,13 +128,29 @@ class ObjectStripes:
                                f"{self.payload_bytes}")
 
 
+class ObjectCheck:
+    """A load's check of one object against the stripe CRCs it carries: which stripes matched so far (one state
+    each, in host memory the native code updates), so each is hashed once however many calls need it."""
+
+    def __init__(self, lib: NativeCrc32c, flat: torch.Tensor, payload_bytes: int, stripe: int,
+                 expected: torch.Tensor) -> None:
+        self.lib, self.flat, self.payload_bytes, self.stripe = lib, flat, payload_bytes, stripe
+        self.expected = expected.contiguous()
+        self.state = torch.zeros(expected.numel(), dtype=torch.int32)
+
+    def check(self, start: int, end: int) -> bool:
+        """Whether the stripes overlapping payload bytes ``[start, end)`` all match."""
+        return self.lib.check(self.flat.data_ptr(), self.payload_bytes, self.stripe, self.expected.data_ptr(),
+                              self.state.data_ptr(), start, end)
+
+
 @functools.cache
 def native() -> NativeCrc32c | None:
     """The native CRC-32C, or None without a (current) native library."""
     lib, _ = load_library()
     if lib is None:
         return None
-    if not hasattr(lib, "lmcp_crc32c_finish"):
+    if not hasattr(lib, "lmcp_crc32c_check"):
         logger.warning("the native CPU library predates its current CRC-32C functions: chunk checksums use "
                        "zlib's CRC-32, slower, and servers with a current build do not share chunks with this one; %s",
                        REBUILD_HINT)
