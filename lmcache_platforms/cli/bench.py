@@ -343,9 +343,20 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
         checksum.seal(objects, per_object, stripes)
 
     def load_checksummed() -> None:
-        if checksum.mismatched(objects, per_object):
-            raise RuntimeError("bench: a sealed object failed its checksum")
-        load()
+        if stripes is None:  # no native CRC-32C: check every object, then load
+            if checksum.mismatched(objects, per_object):
+                raise RuntimeError("bench: a sealed object failed its checksum")
+            load()
+            return
+        for index, obj in enumerate(objects):
+            check = checksum.object_check(obj, per_object)
+            intact = check is not None
+            for offset, batch, row in sorted(parts[index], key=lambda part: part[0]) if check is not None else ():
+                nbytes = buffer_bytes(batch.planes, batch.slots.shape[-1])
+                intact = intact and backend.load_checked(batch.planes, batch.slots[row],
+                                                         obj[offset : offset + nbytes], check, offset)
+            if not intact or check is None or not check.check(0, per_object):
+                raise RuntimeError("bench: a sealed object failed its checksum")
 
     def crc() -> None:
         checksum.checksums(objects, per_object)

@@ -17,7 +17,7 @@ from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, La
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
 from lmcache_platforms.kernels import triton_crc32c
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
-from lmcache_platforms.kernels.crc32c import ObjectStripes
+from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
 from lmcache_platforms.kernels.registry import select_backend
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
@@ -224,17 +224,47 @@ class LayoutBinding:
     def load_verified(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                       slots: Mapping[int, torch.Tensor]) -> list[int]:
         """Checks the objects of ``hosts`` and loads them whole; returns the indices of those whose bytes do not
-        match their checksum, none of which was written. On the host every object is checked before the first
-        launch, so a mismatch writes nothing. Staged on a GPU each scratch-full is checked there once it has
-        crossed, before its own launches (the device hashes far faster than the bus moves, and a host pass in a
-        vLLM worker runs on one thread): a mismatch stops the load at its scratch-full, after the verified ones
-        before it were written, which the failed load's recompute overwrites. Runs on the load stream itself."""
+        match their checksum. No byte that failed its check is ever written; a mismatch stops the load, after
+        the verified bytes before it were written, which the failed load's recompute overwrites. Host objects
+        (the native library built) are checked stripe by stripe against the CRCs they carry, each stripe just
+        before its rows are written (``_load_checked``), so its bytes are read from memory once. Staged on a GPU
+        each scratch-full is checked there once it has crossed, before its own launches (the device hashes far
+        faster than the bus moves, and a host pass in a vLLM worker runs on one thread). Otherwise every object
+        is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
+        if stripes is None and not self.scratch and checksum.stripes_are_crc32c():
+            return self._load_checked(fmt, hosts, slots)
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:
             with self.streams.loading():
                 corrupt = self._move_chunks(fmt, hosts, slots, Direction.LOAD, None, stripes)
         return corrupt
+
+    def _load_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
+                      slots: Mapping[int, torch.Tensor]) -> list[int]:
+        """Host objects one by one, each launch writing only rows whose stripes matched (``load_checked``); an
+        object counts as intact only once every stripe matched, those no row needed included. At the first
+        mismatch the load stops; the objects after it are checked, not written, so every corrupt one is named."""
+        self._check_usable()
+        size = fmt.payload_bytes
+        for index, host in enumerate(hosts):
+            check = checksum.object_check(host, size)
+            if check is None or not self._load_object(fmt, host, slots, index, check):
+                return [index] + [index + 1 + later for later in checksum.mismatched(hosts[index + 1 :], size)]
+        return []
+
+    def _load_object(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor], index: int,
+                     check: ObjectCheck) -> bool:
+        """Object ``index`` of a batch, launch by launch; whether every one of its stripes matched."""
+        for launch in fmt.launches:
+            region = host[launch.offset : launch.offset + launch.nbytes]
+            backend = self._backends[id(launch.planes)]
+            intact = backend.load_checked(launch.planes, slots[launch.tg.group][index], region, check, launch.offset)
+            self.counters.launches += 1
+            self.counters.backends.add(backend.name)
+            if not intact:
+                return False
+        return check.check(0, fmt.payload_bytes)
 
     def _stripes_on_device(self, fmt: ChunkFormat, objects: int) -> torch.Tensor | None:
         """Pinned room for the stripe CRCs of ``objects`` staged objects, when the device hashes them."""

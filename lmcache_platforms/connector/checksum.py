@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.kernels.crc32c import ObjectStripes, native
+from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes, native
 
 TRAILER_BYTES = 8
 STRIPE_BYTES = 64 << 10
@@ -48,7 +48,7 @@ def stripes_are_crc32c() -> bool:
 
 def format_version() -> str:
     """Part of every chunk format's fingerprint: objects with another (or no) checksum live under other keys."""
-    return f"{'crc32c' if native() is not None else 'crc32'}-stripes-{STRIPE_BYTES}-trailer-v1"
+    return f"{'crc32c' if native() is not None else 'crc32'}-stripes-{STRIPE_BYTES}-table-trailer-v2"
 
 
 def stripe_room(payload_bytes: int, objects: int) -> torch.Tensor | None:
@@ -56,7 +56,7 @@ def stripe_room(payload_bytes: int, objects: int) -> torch.Tensor | None:
     None where stripes are not CRC-32C (no native library: ``checksums`` hashes the objects afterwards)."""
     if native() is None:
         return None
-    return torch.empty((objects, max(1, -(-payload_bytes // STRIPE_BYTES))), dtype=torch.int32)
+    return torch.empty((objects, stripe_count(payload_bytes)), dtype=torch.int32)
 
 
 def object_stripes(payload_bytes: int) -> ObjectStripes:
@@ -94,16 +94,22 @@ def _runs(objects: int, count: int, workers: int) -> list[list[tuple[int, int, i
     return out
 
 
-def checksums(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:
-    """The checksum of the first ``payload_bytes`` of each flat uint8 tensor; ``stripes``: their stripe CRC-32Cs
-    (``[objects, stripes]`` int32, host memory) where the device computed them already."""
+def stripe_count(payload_bytes: int) -> int:
+    """Stripes of a ``payload_bytes`` payload (at least one)."""
+    return max(1, -(-payload_bytes // STRIPE_BYTES))
+
+
+def tail_bytes(payload_bytes: int) -> int:
+    """Bytes an object needs after its payload: the stripe table, then the trailer."""
+    return 4 * stripe_count(payload_bytes) + TRAILER_BYTES
+
+
+def stripe_crcs(flats: Sequence[torch.Tensor], payload_bytes: int) -> torch.Tensor:
+    """The stripe CRCs (``[objects, stripes]`` int32) of the first ``payload_bytes`` of each flat uint8 tensor,
+    hashed from memory on the kernels' thread count."""
     lib = native()
-    if stripes is not None:
-        if lib is None:
-            raise RuntimeError("stripe CRC-32Cs were given but this process hashes stripes with zlib's CRC-32")
-        return [lib.crc(row.data_ptr(), 4 * row.numel()) for row in stripes.contiguous()]
     hosts = [_host(flat) for flat in flats]
-    count = max(1, -(-payload_bytes // STRIPE_BYTES))
+    count = stripe_count(payload_bytes)
     crcs = torch.empty((len(hosts), count), dtype=torch.int32)
 
     def work(runs: list[tuple[int, int, int]]) -> None:
@@ -116,15 +122,37 @@ def checksums(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.
             crcs[index].numpy().view("<u4")[first:last] = [
                 zlib.crc32(data[k * STRIPE_BYTES : (k + 1) * STRIPE_BYTES]) for k in range(first, last)]
 
+    if not hosts:
+        return crcs
     workers = min(torch.get_num_threads(), len(hosts) * count)
     shares = _runs(len(hosts), count, max(workers, 1))
     if len(shares) == 1:
         work(shares[0])
     else:
         list(_pool(os.getpid(), len(shares)).map(work, shares))
+    return crcs
+
+
+def _given(stripes: torch.Tensor) -> torch.Tensor:
+    if native() is None:
+        raise RuntimeError("stripe CRC-32Cs were given but this process hashes stripes with zlib's CRC-32")
+    return stripes.contiguous()
+
+
+def _of_table(table: torch.Tensor) -> int:
+    """The object checksum: the CRC of its stripe table (one object's row of stripe CRCs)."""
+    lib = native()
     if lib is not None:
-        return [lib.crc(row.data_ptr(), 4 * count) for row in crcs]
-    return [zlib.crc32(row.numpy()) for row in crcs]
+        return lib.crc(table.data_ptr(), 4 * table.numel())
+    data: Any = table.numpy()  # zlib reads it through the buffer protocol
+    return zlib.crc32(data)
+
+
+def checksums(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:
+    """The checksum of the first ``payload_bytes`` of each flat uint8 tensor; ``stripes``: their stripe CRC-32Cs
+    (``[objects, stripes]`` int32, host memory) where the store's kernels or the device computed them already."""
+    rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
+    return [_of_table(row) for row in rows]
 
 
 def trailer(checksum: int) -> bytes:
@@ -133,20 +161,44 @@ def trailer(checksum: int) -> bytes:
 
 
 def seal(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> None:
-    """Write each object's trailer right after its payload (the objects' bytes must be final; ``stripes`` as for
-    ``checksums``)."""
-    for flat, checksum in zip(flats, checksums(flats, payload_bytes, stripes), strict=True):
-        data = torch.frombuffer(bytearray(trailer(checksum)), dtype=torch.uint8)
-        flat[payload_bytes : payload_bytes + TRAILER_BYTES].copy_(data)
+    """Write each object's stripe table and trailer right after its payload (the objects' bytes must be final;
+    ``stripes`` as for ``checksums``)."""
+    rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
+    table = 4 * rows.shape[1]
+    for flat, row in zip(flats, rows, strict=True):
+        flat[payload_bytes : payload_bytes + table].copy_(row.view(torch.uint8))
+        data = torch.frombuffer(bytearray(trailer(_of_table(row))), dtype=torch.uint8)
+        flat[payload_bytes + table : payload_bytes + table + TRAILER_BYTES].copy_(data)
+
+
+def stored_stripes(flat: torch.Tensor, payload_bytes: int) -> torch.Tensor | None:
+    """The stripe CRCs an object carries (int32, host), or None when its table does not match its trailer (or
+    it has none): what a load checks each stripe against before writing its bytes (``ObjectCheck``)."""
+    table = 4 * stripe_count(payload_bytes)
+    tail = _host(flat[payload_bytes : payload_bytes + table + TRAILER_BYTES]).clone()
+    if tail.numel() != table + TRAILER_BYTES:
+        return None
+    stripes = tail[:table].view(torch.int32)
+    return stripes if bytes(tail[table:].numpy()) == trailer(_of_table(stripes)) else None
+
+
+def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
+    """A load's stripe-by-stripe check of one host object against the CRCs it carries, or None when its table
+    does not match its trailer (the object is corrupt, or has none). Needs the native CRC-32C."""
+    lib = native()
+    if lib is None:
+        raise RuntimeError("stripe checks need the native CRC-32C, which this process does not have")
+    stripes = stored_stripes(flat, payload_bytes)
+    return None if stripes is None else ObjectCheck(lib, flat, payload_bytes, STRIPE_BYTES, stripes)
 
 
 def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:
-    """Indices of the objects whose trailer does not match their payload (a missing trailer never does;
-    ``stripes`` as for ``checksums``)."""
-    expected = checksums(flats, payload_bytes, stripes)
+    """Indices of the objects whose stripe table or trailer does not match their payload (a missing trailer
+    never does; ``stripes`` as for ``checksums``)."""
+    rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
     out = []
-    for index, (flat, checksum) in enumerate(zip(flats, expected, strict=True)):
-        stored = _host(flat[payload_bytes : payload_bytes + TRAILER_BYTES])
-        if bytes(stored.numpy()) != trailer(checksum):
+    for index, (flat, row) in enumerate(zip(flats, rows, strict=True)):
+        stored = stored_stripes(flat, payload_bytes)
+        if stored is None or not torch.equal(stored, row):
             out.append(index)
     return out

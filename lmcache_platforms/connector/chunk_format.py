@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmcache_platforms.connector.checksum import TRAILER_BYTES, format_version
+from lmcache_platforms.connector.checksum import format_version, tail_bytes
 from lmcache_platforms.layout.kv_layout import KVLayout, TransferGroup
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
 
@@ -90,7 +90,7 @@ def paged_format(layout: KVLayout, transfer_groups: Sequence[int] | None = None)
                                                                      for i in transfer_groups]
     launches = _launches([(tg, tg.planes) for tg in chosen])
     total = sum(launch.nbytes for launch in launches)
-    elements = _padded_elements(total + TRAILER_BYTES, layout.chunk_size, torch.uint8)
+    elements = _padded_elements(total + tail_bytes(total), layout.chunk_size, torch.uint8)
     shape = torch.Size([1, 1, layout.chunk_size, elements // layout.chunk_size])
     return ChunkFormat(launches, shape, torch.uint8, _fingerprint(layout.chunk_size, launches))
 
@@ -150,7 +150,7 @@ def step_formats(layout: KVLayout, steps: int, dtype: torch.dtype) -> list[Chunk
                 units.append((tg, planes))
         per_step.append(_launches(units))
     widest = max(sum(launch.nbytes for launch in launches) for launches in per_step)
-    elements = _padded_elements(widest + TRAILER_BYTES, layout.chunk_size, dtype)
+    elements = _padded_elements(widest + tail_bytes(widest), layout.chunk_size, dtype)
     shape = torch.Size([layout.chunk_size, 1, elements // layout.chunk_size])
     return [ChunkFormat(launches, shape, dtype, _fingerprint(layout.chunk_size, launches))
             for launches in per_step]

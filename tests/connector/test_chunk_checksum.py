@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.binding import LayoutBinding
-from lmcache_platforms.connector.checksum import TRAILER_BYTES
+from lmcache_platforms.connector.checksum import tail_bytes
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.connector.verified_loads import ChecksumMismatch
+from lmcache_platforms.kernels.crc32c import ObjectCheck, native
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
@@ -34,11 +35,11 @@ CHUNKS = 3
 @given(st.binary(min_size=1, max_size=4096), st.data())
 def test_any_single_flipped_byte_of_payload_or_trailer_is_caught(payload: bytes, data: st.DataObject) -> None:
     padding = data.draw(st.integers(0, 16))
-    flat = torch.zeros(len(payload) + TRAILER_BYTES + padding, dtype=torch.uint8)
+    flat = torch.zeros(len(payload) + tail_bytes(len(payload)) + padding, dtype=torch.uint8)
     flat[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     checksum.seal([flat], len(payload))
     assert checksum.mismatched([flat], len(payload)) == []
-    where = data.draw(st.integers(0, len(payload) + TRAILER_BYTES - 1))
+    where = data.draw(st.integers(0, len(payload) + tail_bytes(len(payload)) - 1))
     flat[where] ^= data.draw(st.integers(1, 255))
     assert checksum.mismatched([flat], len(payload)) == [0]
 
@@ -48,7 +49,7 @@ def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pyte
     monkeypatch.setattr(checksum, "STRIPE_BYTES", 4096)
     torch.manual_seed(0)
     payload = 5 * 4096 + 123
-    flats = [torch.randint(0, 256, (payload + TRAILER_BYTES,), dtype=torch.uint8) for _ in range(4)]
+    flats = [torch.randint(0, 256, (payload + tail_bytes(payload),), dtype=torch.uint8) for _ in range(4)]
     checksum.seal(flats, payload)
     assert checksum.mismatched(flats, payload) == []
     for index, where in ((1, 0), (3, 4 * 4096 + 7), (2, payload - 1)):
@@ -91,7 +92,7 @@ def test_a_whole_chunk_store_hashes_what_it_writes(spec, mode, backend, rng) -> 
 
 def test_an_unsealed_object_is_not_intact() -> None:
     """An object written without a trailer (all zeros where it belongs) never passes."""
-    assert checksum.mismatched([torch.zeros(64 + TRAILER_BYTES, dtype=torch.uint8)], 64) == [0]
+    assert checksum.mismatched([torch.zeros(64 + tail_bytes(64), dtype=torch.uint8)], 64) == [0]
 
 
 def _planes(layout) -> list[torch.Tensor]:
@@ -183,18 +184,32 @@ def _stored_engine(layout, tier: Tier, request: roundtrip.Request) -> LayoutEngi
     return engine
 
 
+def _rows_of(layout) -> list[torch.Tensor]:
+    return [p.rows_view().reshape(p.geometry.num_slots, -1).clone() for p in roundtrip.all_planes(layout)]
+
+
+def assert_only_checked_rows(layout, intact: list[torch.Tensor]) -> None:
+    """After a refused load into zeroed planes, each row is untouched (zeros) or holds what the intact load wrote
+    there (``intact``, ``_rows_of``): no byte that failed its check reached the KV cache."""
+    for plane, now, good in zip(roundtrip.all_planes(layout), _rows_of(layout), intact, strict=True):
+        wrong = ~((now == 0).all(dim=1) | (now == good).all(dim=1))
+        assert not wrong.any(), f"plane {plane.name!r} of {plane.layer!r}: rows {wrong.nonzero().flatten().tolist()}"
+
+
 def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tier) -> None:
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=21)
     request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=21)
     with _stored_engine(layout, tier, request) as engine:
+        roundtrip.zero_planes(layout)
+        assert engine.retrieve(request.tokens, request.load_ids) == request.stored_tokens
+        intact = _rows_of(layout)
         key = _chunk_keys(engine, request.tokens, engine.tags)[1]
         still_there = tier.flip(engine, key)
         roundtrip.zero_planes(layout)
-        before = _planes(layout)
         loaded = engine.connector.binding.counters.chunks_loaded
         assert engine.retrieve(request.tokens, request.load_ids) == 0
-        # Chunk 0 was intact, yet nothing of the batch reached the KV cache: every object is checked first.
-        assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))
+        # Chunk 0 was intact and may be written; of chunk 1 only stripes that matched their CRC.
+        assert_only_checked_rows(layout, intact)
         assert engine.connector.binding.counters.chunks_loaded == loaded
         assert not still_there()
         assert engine.engine.storage_manager.contains(key) is None
@@ -202,17 +217,32 @@ def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tie
         assert engine.retrieve(request.tokens[: layout.chunk_size], request.load_ids) == layout.chunk_size
 
 
-def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Negative control: with the check accepting everything, the flipped object loads as a hit with wrong KV."""
+def _accepting_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks made to pass: stripes compared with the object's own bytes, whatever its table says."""
     monkeypatch.setattr(checksum, "mismatched", lambda flats, payload_bytes: [])
+    lib = native()
+    assert lib is not None
+    monkeypatch.setattr(checksum, "object_check", lambda flat, payload_bytes: ObjectCheck(
+        lib, flat, payload_bytes, checksum.STRIPE_BYTES, checksum.stripe_crcs([flat], payload_bytes)[0]))
+
+
+def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: with the check accepting everything, the flipped object loads as a hit with wrong KV,
+    which both oracles above see (wrong rows written; a hit)."""
+    _accepting_everything(monkeypatch)
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=21)
     request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=21)
     stored = roundtrip.snapshot(layout, request)
     with _stored_engine(layout, tier, request) as engine:
+        roundtrip.zero_planes(layout)
+        assert engine.retrieve(request.tokens, request.load_ids) == request.stored_tokens
+        intact = _rows_of(layout)
         tier.flip(engine, _chunk_keys(engine, request.tokens, engine.tags)[1])
         roundtrip.zero_planes(layout)
         hit = engine.retrieve(request.tokens, request.load_ids)
         verdict = roundtrip.verify(layout, request, stored, hit)
+        with pytest.raises(AssertionError, match="rows"):
+            assert_only_checked_rows(layout, intact)
     assert hit == request.stored_tokens
     assert not verdict.bit_exact and verdict.mismatched_rows >= 1
 
@@ -220,8 +250,8 @@ def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypa
 @pytest.mark.parametrize(("part", "chunk", "hit_chunks", "untouched"), [("all", 0, 0, True),
                                                                          ("reach32", CHUNKS - 1, CHUNKS - 1, False)])
 def test_each_chunk_part_carries_its_own_checksum(part: str, chunk: int, hit_chunks: int, untouched: bool) -> None:
-    """Window-only parts: a corrupt part fails the load and is removed; the parts of other chunks stay. A corrupt
-    full-attention part (read first) leaves the KV cache untouched."""
+    """Window-only parts: a corrupt part fails the load and is removed; the parts of other chunks stay. A
+    full-attention part (read first) corrupt in its first stripe leaves the KV cache untouched."""
     layout = materialize(load_layout_spec("gemma3"), seed=5)
     request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=5)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
@@ -242,7 +272,8 @@ def test_each_chunk_part_carries_its_own_checksum(part: str, chunk: int, hit_chu
 
 
 def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> None:
-    """Without the verified retrieve (a caller of LMCache's own method), a mismatch still writes nothing."""
+    """Without the verified retrieve (a caller of LMCache's own method), a mismatch still raises before its
+    stripe is written (the object's first of two here: nothing is)."""
     layout = materialize(load_layout_spec("llama"), seed=3)
     request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
@@ -265,7 +296,7 @@ def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypa
     assert checksum.format_version() != native_version
     torch.manual_seed(1)
     payload = 3 * checksum.STRIPE_BYTES + 5
-    flats = [torch.randint(0, 256, (payload + TRAILER_BYTES,), dtype=torch.uint8) for _ in range(3)]
+    flats = [torch.randint(0, 256, (payload + tail_bytes(payload),), dtype=torch.uint8) for _ in range(3)]
     checksum.seal(flats, payload)
     assert checksum.mismatched(flats, payload) == []
     flats[2][checksum.STRIPE_BYTES + 1] ^= 0x80
@@ -273,8 +304,9 @@ def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypa
 
 
 def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
-    """Through a real engine: whichever byte of the payload or trailer of a cached chunk object flips, the load
-    reports no token, writes nothing, and the object is gone; stored again, it loads bit for bit."""
+    """Through a real engine: whichever byte of the payload, stripe table or trailer of a cached chunk object
+    flips, the load reports no token, writes no byte that failed its check, and the object is gone; stored
+    again, it loads bit for bit."""
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=8)
     request = roundtrip.make_request(layout, layout.chunk_size, seed=8)
     stored = roundtrip.snapshot(layout, request)
@@ -287,9 +319,13 @@ def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
 
     with LayoutEngine(layout, storage) as engine:
         payload = engine.connector.fmt.payload_bytes
+        engine.store(request.tokens, request.store_ids)
+        roundtrip.zero_planes(layout)
+        assert engine.retrieve(request.tokens, request.load_ids) == layout.chunk_size
+        intact = _rows_of(layout)
 
         @settings(max_examples=25, deadline=None)
-        @given(st.integers(0, payload + TRAILER_BYTES - 1), st.integers(1, 255))
+        @given(st.integers(0, payload + tail_bytes(payload) - 1), st.integers(1, 255))
         def flipped(where: int, bits: int) -> None:
             restored()
             engine.store(request.tokens, request.store_ids)
@@ -298,7 +334,7 @@ def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
             hot[key].tensor.reshape(-1).view(torch.uint8)[where] ^= bits
             roundtrip.zero_planes(layout)
             assert engine.retrieve(request.tokens, request.load_ids) == 0
-            assert not any(p.storage.any() for p in roundtrip.all_planes(layout))
+            assert_only_checked_rows(layout, intact)
             assert key not in hot and engine.lookup(request.tokens) == 0
 
         flipped()

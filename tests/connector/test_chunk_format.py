@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcache_platforms.connector.checksum import TRAILER_BYTES
+from lmcache_platforms.connector.checksum import tail_bytes
 from lmcache_platforms.connector.chunk_format import paged_format, split_layers, step_formats
 from lmcache_platforms.kernels.contract import buffer_bytes
 from lmcache_platforms.layout import example_names, load_layout_spec
@@ -29,8 +29,8 @@ def test_paged_format_packs_every_transfer_group_back_to_back(name: str, mode: s
     assert fmt.dtype == torch.uint8 and fmt.shape[:3] == (1, 1, layout.chunk_size)
     # LMCache's remote connectors assert that a full chunk divides into chunk_size "tokens".
     assert fmt.nbytes % layout.chunk_size == 0
-    # The checksum trailer follows the payload, then the least padding that makes whole "tokens".
-    assert 0 <= fmt.nbytes - fmt.payload_bytes - TRAILER_BYTES < layout.chunk_size
+    # The stripe table and checksum trailer follow the payload, then the least padding that makes whole "tokens".
+    assert 0 <= fmt.nbytes - fmt.payload_bytes - tail_bytes(fmt.payload_bytes) < layout.chunk_size
 
 
 def test_fingerprint_tells_modes_and_layouts_apart_but_not_contents() -> None:
@@ -69,5 +69,5 @@ def test_step_formats_cover_every_plane_once_with_one_shape(name: str, mode: str
     assert sorted(moved, key=str) == sorted(((tg.index, p) for tg in layout.transfer_groups for p in tg.planes),
                                             key=str)
     assert sum(f.payload_bytes for f in formats) == layout.chunk_bytes
-    assert all(f.payload_bytes + TRAILER_BYTES <= f.nbytes for f in formats)
+    assert all(f.payload_bytes + tail_bytes(f.payload_bytes) <= f.nbytes for f in formats)
     assert formats[0].nbytes % (layout.chunk_size * 2) == 0
