@@ -164,22 +164,21 @@ def seal(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tenso
     """Write each object's stripe table and trailer right after its payload (the objects' bytes must be final;
     ``stripes`` as for ``checksums``)."""
     rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
-    table = 4 * rows.shape[1]
     for flat, row in zip(flats, rows, strict=True):
-        flat[payload_bytes : payload_bytes + table].copy_(row.view(torch.uint8))
-        data = torch.frombuffer(bytearray(trailer(_of_table(row))), dtype=torch.uint8)
-        flat[payload_bytes + table : payload_bytes + table + TRAILER_BYTES].copy_(data)
+        mark = torch.frombuffer(bytearray(trailer(_of_table(row))), dtype=torch.uint8)
+        tail = torch.cat([row.view(torch.uint8), mark])
+        flat[payload_bytes : payload_bytes + tail.numel()].copy_(tail)
 
 
 def stored_stripes(flat: torch.Tensor, payload_bytes: int) -> torch.Tensor | None:
     """The stripe CRCs an object carries (int32, host), or None when its table does not match its trailer (or
     it has none): what a load checks each stripe against before writing its bytes (``ObjectCheck``)."""
     table = 4 * stripe_count(payload_bytes)
-    tail = _host(flat[payload_bytes : payload_bytes + table + TRAILER_BYTES]).clone()
-    if tail.numel() != table + TRAILER_BYTES:
+    tail = bytes(_host(flat[payload_bytes : payload_bytes + table + TRAILER_BYTES]).numpy())
+    if len(tail) != table + TRAILER_BYTES:
         return None
-    stripes = tail[:table].view(torch.int32)
-    return stripes if bytes(tail[table:].numpy()) == trailer(_of_table(stripes)) else None
+    stripes = torch.frombuffer(bytearray(tail[:table]), dtype=torch.int32)
+    return stripes if tail[table:] == trailer(_of_table(stripes)) else None
 
 
 def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
