@@ -1,18 +1,21 @@
 """A checksum in every chunk object we store, so a same-size corruption in any tier is never loaded as KV.
 
 LMCache 0.5.6's objects carry none: a remote value overwritten with bytes of the right length used to load as
-a hit. Each object (a chunk, a chunk part, a layerwise step) ends its payload with an 8-byte trailer, the
-checksum (little-endian) and a 4-byte mark, inside the padding the chunk format has anyway (``chunk_format``
-makes room for it). The store writes it once the rows are in host memory; a load checks every object before a
-byte of it is written into the KV cache (``LayoutBinding.load_verified`` says in which order).
+a hit. Each object (a chunk, a chunk part, a layerwise step) follows its payload with the table of its 64 KiB
+stripes' CRC-32Cs (4 bytes each, little-endian) and an 8-byte trailer, the checksum and a 4-byte mark, inside
+the padding the chunk format has anyway (``chunk_format`` makes room with ``tail_bytes``). The store writes them
+once the rows are in host memory; a load writes no byte whose stripe does not match the table, and takes the
+table only when its CRC matches the trailer (``LayoutBinding.load_verified`` says in which order).
 
-The checksum is the CRC-32C of the list of CRC-32Cs of the payload's 64 KiB stripes. A whole-chunk store into
-host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it (``stripe_room``,
-``object_stripes``, ``KernelBackend.store_hashed``): no second pass over the object. Otherwise (a load's
-check, a layer-by-layer store) the native CPU library hashes the objects (``kernels.crc32c``: an AVX-512
-carry-less fold, or the crc32 instruction on three stripes at once) on as many threads as the kernels use; for
-chunks the connector stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same
-values), so only the short list of stripe CRCs crosses to the host. It was chosen by measurement
+The checksum is the CRC-32C of the table, the list of CRC-32Cs of the payload's 64 KiB stripes. A whole-chunk
+store into host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it
+(``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``), and a load from host objects checks
+each stripe against the table just before its rows are written (``object_check``,
+``KernelBackend.load_checked``): no second pass over the object either way. Otherwise (a layer-by-layer store
+or load) the native CPU library hashes the objects (``kernels.crc32c``: an AVX-512 carry-less fold, or the
+crc32 instruction on three stripes at once) on as many threads as the kernels use; for chunks the connector
+stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same values), so only the
+short list of stripe CRCs crosses to the host. It was chosen by measurement
 (``lmcache-platforms bench --layout``; one thread on the CI machine: zlib's CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9,
 blake2b 0.9, the instruction about 20). Without the native library the stripes' CRC-32 (``zlib.crc32``, which
 releases the GIL too) stands in, under another format version: the two never read each other's objects. Either
