@@ -106,6 +106,16 @@ def small_group() -> list[Plane]:
             Plane("l0", "v", 0, torch.uint8, geometry, 64, storage)]
 
 
+def parallel_group() -> tuple[list[Plane], torch.Tensor]:
+    """Over the native pool's parallel threshold (2.3 MiB moved): 16 planes of 64 blocks x 16 rows x 512 bytes,
+    and slots with runs and holes (distinct)."""
+    storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
+    geometry = PlaneGeometry(64, 16 * 512, 16, 512, 1, 512, 512)
+    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 64 * 16 * 512, storage) for i in range(16)]
+    slots = torch.cat([torch.arange(160, 400), torch.tensor([-1, 5, 3, -1]), (torch.randperm(34)[:20] + 30) * 16])
+    return planes, slots
+
+
 def check_refusals(backend: KernelBackend) -> None:
     """Bad calls raise TransferError naming the problem, and nothing is written in either direction."""
     planes = small_group()

@@ -14,6 +14,7 @@ from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
 from lmcache_platforms.kernels.crc32c import NativeCrc32c, ObjectCheck, native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+from tests.kernels.checks import parallel_group
 from tests.kernels.strategies import clone_planes, interleaved_cases, transfer_cases
 from tests.kernels.test_hashing_store import PATHS, crc_path, stripes_of
 
@@ -76,10 +77,7 @@ def test_random_layouts_write_only_checked_stripes(vectors, case, stripe, before
 def test_a_parallel_load_over_many_stripes(vectors, flip, stripe, seed):
     """Over the parallel threshold: several threads share stripes at their grabs' edges (one hashes, the others
     wait for its verdict); a mismatch stops them all."""
-    storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
-    geometry = PlaneGeometry(64, 16 * 512, 16, 512, 1, 512, 512)
-    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 64 * 16 * 512, storage) for i in range(16)]
-    slots = torch.cat([torch.arange(160, 400), torch.tensor([-1, 5, 3, -1]), (torch.randperm(34)[:20] + 30) * 16])
+    planes, slots = parallel_group()
     assert buffer_bytes(planes, slots.numel()) > 2 * 1024 * 1024
     with crc_path(vectors):
         check(planes, slots, stripe, 300, 8, flip, seed)

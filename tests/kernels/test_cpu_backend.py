@@ -21,6 +21,7 @@ from tests.kernels.checks import (
     assert_load_matches_torch,
     assert_store_matches_torch,
     check_refusals,
+    parallel_group,
     small_group,
 )
 from tests.kernels.strategies import clone_planes, interleaved_cases, transfer_cases
@@ -69,10 +70,7 @@ def test_block_pages_stream_both_ways(page, offset, planes, data):
 
 def test_parallel_path_on_a_big_group():
     """Over the parallel threshold: 16 planes of 64 blocks x 16 rows x 512 bytes, runs and holes (distinct)."""
-    storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
-    geometry = PlaneGeometry(64, 16 * 512, 16, 512, 1, 512, 512)
-    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 64 * 16 * 512, storage) for i in range(16)]
-    slots = torch.cat([torch.arange(160, 400), torch.tensor([-1, 5, 3, -1]), (torch.randperm(34)[:20] + 30) * 16])
+    planes, slots = parallel_group()
     assert buffer_bytes(planes, slots.numel()) > 256 * 1024
     assert_store_matches_torch(CPU, planes, slots, 1)
     assert_load_matches_torch(CPU, planes, slots, 2)

@@ -19,6 +19,7 @@ from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
 from lmcache_platforms.kernels.crc32c import NativeCrc32c, native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+from tests.kernels.checks import parallel_group
 from tests.kernels.strategies import interleaved_cases, transfer_cases
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
@@ -104,10 +105,7 @@ def test_block_pages_hash_inside_the_streaming_copy(vectors, page, offset, strip
 @PATHS
 def test_a_parallel_store_over_many_stripes(vectors):
     """Over the parallel threshold (several threads, several grabs): the default 64 KiB stripes, token rows."""
-    storage = torch.randint(0, 256, (16 * 64 * 16 * 512,), dtype=torch.uint8)
-    geometry = PlaneGeometry(64, 16 * 512, 16, 512, 1, 512, 512)
-    planes = [Plane(f"l{i}", "kv", 0, torch.uint8, geometry, i * 64 * 16 * 512, storage) for i in range(16)]
-    slots = torch.cat([torch.arange(160, 400), torch.tensor([-1, 5, 3, -1]), (torch.randperm(34)[:20] + 30) * 16])
+    planes, slots = parallel_group()
     assert buffer_bytes(planes, slots.numel()) > 16 * 64 * 1024
     with crc_path(vectors):
         check(planes, slots, 64 * 1024, 1000, 8, 3)
