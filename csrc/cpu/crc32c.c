@@ -2,14 +2,16 @@
  * CRC-32C (Castagnoli; reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF) of the
  * stripes of a buffer: the checksum of every chunk object lmcache_platforms stores (connector/checksum.py).
  *
- * Three ways to the same values. x86-64 CPUs with AVX-512 and VPCLMULQDQ fold 256 bytes per step with
+ * Four ways to the same values. x86-64 CPUs with AVX-512 and VPCLMULQDQ fold 256 bytes per step with
  * carry-less multiplies (four 512-bit accumulators, each 128-bit lane a polynomial congruent to the bytes seen
  * so far, moved forward by multiplying with x^k mod P), then reduce the last 16 bytes with the crc32
- * instruction; the fold also runs inside a copy (lmcp_crc_copy), so a store hashes the bytes it moves while
- * they are in registers instead of reading them again. Other x86-64 CPUs use the crc32 instruction on three
- * stripes at once (one stream is bound by the instruction's 3-cycle latency); elsewhere a table (eight bytes
- * per step). Pieces of a stripe hashed apart are joined with lmcp_crc_shift (the CRC is linear: a piece's
- * state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several threads at once;
+ * instruction. The fold also runs inside a copy (lmcp_crc_copy_fold), so a store hashes the bytes it moves
+ * while they are in registers instead of reading them again; there other x86-64 CPUs with PCLMULQDQ (all since
+ * 2010) fold the same way with four 128-bit lanes, 64 bytes per step. Otherwise the crc32 instruction runs on
+ * three stripes (or thirds of one buffer) at once, since one stream is bound by its 3-cycle latency; elsewhere
+ * a table (eight bytes per step). Pieces hashed apart are joined with lmcp_crc_shift (the CRC is linear: a
+ * piece's state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several threads at
+ * once;
  * it keeps no state but its tables, built once.
  */
 #include <pthread.h>
@@ -89,7 +91,8 @@ static int have_hw(void) { return 0; }
 
 #if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 10
 #define LMCP_FOLD 1
-#define FOLD_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
+#define FOLD128_TARGET __attribute__((target("pclmul,sse4.2")))
+#define FOLD512_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
 
 /*
  * Multipliers that move a 128-bit lane forward by d bytes: its low quadword (the higher-degree half, the
@@ -99,19 +102,59 @@ static int have_hw(void) { return 0; }
 enum { FOLD_16, FOLD_32, FOLD_48, FOLD_64, FOLD_256, FOLD_DISTANCES };
 static uint64_t fold_low[FOLD_DISTANCES], fold_high[FOLD_DISTANCES];
 
-FOLD_TARGET static inline __m128i fold_pair(int d) { return _mm_set_epi64x((long long)fold_high[d], (long long)fold_low[d]); }
+FOLD128_TARGET static inline __m128i fold_pair(int d) {
+    return _mm_set_epi64x((long long)fold_high[d], (long long)fold_low[d]);
+}
 
-FOLD_TARGET static inline __m128i fold128(__m128i x, int d) {
+FOLD128_TARGET static inline __m128i fold128(__m128i x, int d) {
     const __m128i k = fold_pair(d);
     return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
 }
 
-FOLD_TARGET static inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
+/* The CRC register of four 16-byte lanes in byte order (the last one's end is the bytes' end). */
+FOLD128_TARGET static inline uint32_t reduce_lanes(__m128i l0, __m128i l1, __m128i l2, __m128i l3) {
+    const __m128i lane =
+        _mm_xor_si128(_mm_xor_si128(fold128(l0, FOLD_48), fold128(l1, FOLD_32)), _mm_xor_si128(fold128(l2, FOLD_16), l3));
+    const uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
+    return (uint32_t)_mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+}
+
+FOLD128_TARGET static inline void put128(uint8_t *dst, __m128i v, int mode) {
+    if (mode == LMCP_CRC_STREAM) {
+        _mm_stream_si128((__m128i *)dst, v);
+    } else if (mode == LMCP_CRC_COPY) {
+        _mm_storeu_si128((__m128i *)dst, v);
+    }
+}
+
+/* `crc` continued over src[0, n), n a positive multiple of 64, copying to dst per `mode`: 4 x 128-bit lanes. */
+FOLD128_TARGET static uint32_t fold_blocks_128(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+    __m128i a[4];
+    for (int j = 0; j < 4; ++j) {
+        a[j] = _mm_loadu_si128((const __m128i *)(src + 16 * j));
+        put128(dst + 16 * j, a[j], mode);
+    }
+    a[0] = _mm_xor_si128(a[0], _mm_cvtsi32_si128((int)crc));
+    const __m128i k64 = fold_pair(FOLD_64);
+    for (size_t i = 64; i < n; i += 64) {
+        __m128i b[4];
+        for (int j = 0; j < 4; ++j) {
+            b[j] = _mm_loadu_si128((const __m128i *)(src + i + 16 * j));
+            put128(dst + i + 16 * j, b[j], mode);
+        }
+        for (int j = 0; j < 4; ++j)
+            a[j] = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a[j], k64, 0x00),
+                                               _mm_clmulepi64_si128(a[j], k64, 0x11)), b[j]);
+    }
+    return reduce_lanes(a[0], a[1], a[2], a[3]);
+}
+
+FOLD512_TARGET static inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
     return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11), next,
                                      0x96);
 }
 
-FOLD_TARGET static inline void put512(uint8_t *dst, __m512i v, int mode) {
+FOLD512_TARGET static inline void put512(uint8_t *dst, __m512i v, int mode) {
     if (mode == LMCP_CRC_STREAM) {
         _mm512_stream_si512((void *)dst, v);
     } else if (mode == LMCP_CRC_COPY) {
@@ -119,8 +162,8 @@ FOLD_TARGET static inline void put512(uint8_t *dst, __m512i v, int mode) {
     }
 }
 
-/* `crc` continued over src[0, n), n a positive multiple of 256, copying to dst per `mode`. */
-FOLD_TARGET static uint32_t fold_blocks(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+/* `crc` continued over src[0, n), n a positive multiple of 256, copying to dst per `mode`: 4 x 512-bit lanes. */
+FOLD512_TARGET static uint32_t fold_blocks_512(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
     __m512i a[4];
     for (int j = 0; j < 4; ++j) {
         a[j] = _mm512_loadu_si512(src + 64 * j);
@@ -138,37 +181,43 @@ FOLD_TARGET static uint32_t fold_blocks(uint8_t *dst, const uint8_t *src, size_t
     }
     const __m512i k64 = _mm512_broadcast_i32x4(fold_pair(FOLD_64));
     __m512i x = fold512(fold512(fold512(a[0], k64, a[1]), k64, a[2]), k64, a[3]);
-    __m128i lane = _mm_xor_si128(
-        _mm_xor_si128(fold128(_mm512_extracti32x4_epi32(x, 0), FOLD_48), fold128(_mm512_extracti32x4_epi32(x, 1), FOLD_32)),
-        _mm_xor_si128(fold128(_mm512_extracti32x4_epi32(x, 2), FOLD_16), _mm512_extracti32x4_epi32(x, 3)));
-    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
-    return (uint32_t)_mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+    return reduce_lanes(_mm512_extracti32x4_epi32(x, 0), _mm512_extracti32x4_epi32(x, 1),
+                        _mm512_extracti32x4_epi32(x, 2), _mm512_extracti32x4_epi32(x, 3));
 }
 
-/* `crc` continued over src[0, n), n >= 512, copying to dst per `mode` (streaming stores once dst is aligned). */
-FOLD_TARGET static uint32_t fold_any(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
-    size_t head = mode == LMCP_CRC_STREAM ? (64 - ((uintptr_t)dst & 63)) & 63 : 0;
+/*
+ * `crc` continued over src[0, n), n >= 2 * step, copying to dst per `mode` (streaming stores once dst is
+ * aligned to the vector), with `step`-byte steps of fold_blocks_512 (256) or fold_blocks_128 (64).
+ */
+static uint32_t fold_any(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode, size_t step) {
+    const size_t align = step == 256 ? 64 : 16;
+    size_t head = mode == LMCP_CRC_STREAM ? (align - ((uintptr_t)dst & (align - 1))) & (align - 1) : 0;
     if (head) {
         memcpy(dst, src, head);
         crc = crc_hw(crc, src, head);
     }
-    size_t body = (n - head) & ~(size_t)255;
-    crc = fold_blocks(mode ? dst + head : NULL, src + head, body, crc, mode);
+    size_t body = (n - head) / step * step;
+    if (step == 256) {
+        crc = fold_blocks_512(mode ? dst + head : NULL, src + head, body, crc, mode);
+    } else {
+        crc = fold_blocks_128(mode ? dst + head : NULL, src + head, body, crc, mode);
+    }
     size_t done = head + body;
     if (mode) memcpy(dst + done, src + done, n - done);
     return crc_hw(crc, src + done, n - done);
 }
 
-static int have_fold(void) {
-    return have_hw() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
-           __builtin_cpu_supports("pclmul");
+/* The widest fold this CPU runs: 512 (AVX-512 with VPCLMULQDQ), 128 (PCLMULQDQ), or 0. */
+static int fold_hardware(void) {
+    if (!have_hw() || !__builtin_cpu_supports("pclmul")) return 0;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") ? 512 : 128;
 }
 #else
-static int have_fold(void) { return 0; }
+static int fold_hardware(void) { return 0; }
 #endif
 
-/* Whether tests let the vector fold run (lmcp_crc32c_allow_vectors); the values are the same either way. */
-static atomic_int vectors_allowed = 1;
+/* The widest fold tests allow (lmcp_crc32c_allow_vectors); the values are the same every way. */
+static atomic_int vectors_allowed = 512;
 
 /* x^(8 * 2^i) mod P, reflected: moving a CRC state past 2^i bytes multiplies it by power_of_bytes[i]. */
 static uint32_t power_of_bytes[64];
@@ -204,7 +253,11 @@ static void build_tables(void) {
 #endif
 }
 
-static int folds(void) { return have_fold() && atomic_load_explicit(&vectors_allowed, memory_order_relaxed); }
+/* The fold in use: the hardware's widest that tests allow (512, 128), or 0. */
+static int fold_width(void) {
+    const int allowed = atomic_load_explicit(&vectors_allowed, memory_order_relaxed), have = fold_hardware();
+    return have <= allowed ? have : allowed >= 128 && have ? 128 : 0;
+}
 
 /* `crc` moved past n zero bytes (tables built). */
 static uint32_t shift(uint32_t crc, int64_t n) {
@@ -218,7 +271,9 @@ static uint32_t shift(uint32_t crc, int64_t n) {
 
 static uint32_t crc_any(uint32_t crc, const uint8_t *p, size_t n) {
 #if defined(LMCP_FOLD)
-    if (n >= 512 && folds()) return fold_any(NULL, p, n, crc, LMCP_CRC_HASH);
+    /* Hashing alone, the 128-bit fold loses to three crc32 streams (12.8 against 22 GB/s a thread on an AMD
+       EPYC with AVX-512); inside a copy it is hidden by the memory traffic, so only copies use it. */
+    if (n >= 512 && fold_width() == 512) return fold_any(NULL, p, n, crc, LMCP_CRC_HASH, 256);
 #endif
 #if defined(__x86_64__)
     if (have_hw() && n >= THIRDS_MIN_BYTES) {
@@ -240,13 +295,15 @@ uint32_t lmcp_crc_raw(uint32_t crc, const uint8_t *p, size_t n) {
 
 int lmcp_crc_folds(void) {
     pthread_once(&table_once, build_tables);
-    return folds();
+    return fold_width() != 0;
 }
 
 uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int stream) {
     pthread_once(&table_once, build_tables);
 #if defined(LMCP_FOLD)
-    if (n >= 512 && folds()) return fold_any(dst, src, n, crc, stream ? LMCP_CRC_STREAM : LMCP_CRC_COPY);
+    const int width = fold_width(), mode = stream ? LMCP_CRC_STREAM : LMCP_CRC_COPY;
+    if (width == 512 && n >= 512) return fold_any(dst, src, n, crc, mode, 256);
+    if (width == 128 && n >= 256) return fold_any(dst, src, n, crc, mode, 64);
 #endif
     memcpy(dst, src, n);
     return crc_any(crc, src, n);
@@ -311,7 +368,7 @@ void lmcp_crc32c_stripes(const uint8_t *data, int64_t n, int64_t stripe, int64_t
     pthread_once(&table_once, build_tables);
     int64_t k = first;
 #if defined(__x86_64__)
-    if (have_hw() && !folds()) {
+    if (have_hw() && fold_width() != 512) {
         for (; k + 3 <= last && (k + 3) * stripe <= n; k += 3) {
             uint32_t three[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
             const uint8_t *p = data + k * stripe;
@@ -367,8 +424,11 @@ uint32_t lmcp_crc32c_portable(const uint8_t *data, int64_t n) {
 /* Whether the crc32 instruction is used (1) or the table (0). */
 int lmcp_crc32c_hardware(void) { return have_hw(); }
 
-/* Whether the AVX-512 carry-less fold is used (1); on a CPU without it, 0. */
-int lmcp_crc32c_folding(void) { return lmcp_crc_folds(); }
+/* The width of the carry-less fold in use: 512 (AVX-512 with VPCLMULQDQ), 128 (PCLMULQDQ), or 0 (none). */
+int lmcp_crc32c_folding(void) {
+    pthread_once(&table_once, build_tables);
+    return fold_width();
+}
 
-/* Lets tests turn the fold off (0) and on (1) to compare paths; returns the previous setting. */
-int lmcp_crc32c_allow_vectors(int allow) { return atomic_exchange(&vectors_allowed, allow ? 1 : 0); }
+/* Lets tests cap the fold's width (512, 128, 0) to compare paths; returns the previous cap. */
+int lmcp_crc32c_allow_vectors(int widest) { return atomic_exchange(&vectors_allowed, widest); }

@@ -15,7 +15,7 @@ enum { LMCP_CRC_HASH = 0, LMCP_CRC_COPY = 1, LMCP_CRC_STREAM = 2 };
 /* `crc` continued over p[0, n). */
 uint32_t lmcp_crc_raw(uint32_t crc, const uint8_t *p, size_t n);
 
-/* Whether lmcp_crc_copy_fold hashes inside the copy (the AVX-512 fold); else it copies, then hashes. */
+/* Whether lmcp_crc_copy_fold hashes inside the copy (a carry-less fold); else it copies, then hashes. */
 int lmcp_crc_folds(void);
 
 /*

@@ -1,12 +1,13 @@
 """CRC-32C of buffer stripes in the native CPU library (``csrc/cpu/crc32c.c``), for the chunk checksum.
 
-A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ, the crc32 instruction on other x86-64 CPUs
-(three stripes at once), a table elsewhere: the same values every way. ctypes releases the GIL for the call,
-so several Python threads hash stripes in parallel. ``ObjectStripes`` builds one object's stripe CRCs from
-pieces in byte order: what the CPU backend's hashing store (``cpu_backend.CpuBackend.store_hashed``) writes
-into as it copies; ``ObjectCheck`` is a load's check of an object stripe by stripe against the CRCs it
-carries (``cpu_backend.CpuBackend.load_checked``). ``native()`` is None when the library was not built, or is
-a build from before these functions (then rebuild it).
+A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ (inside a hashing store's copies, a 128-bit fold
+on any x86-64 CPU with PCLMULQDQ), the crc32 instruction on three stripes at once otherwise, a table elsewhere:
+the same values every way. ctypes releases the GIL for the call, so several Python threads hash stripes in
+parallel. ``ObjectStripes`` builds one object's stripe CRCs from pieces in byte order: what the CPU backend's
+hashing store (``cpu_backend.CpuBackend.store_hashed``) writes into as it copies; ``ObjectCheck`` is a load's
+check of an object stripe by stripe against the CRCs it carries (``cpu_backend.CpuBackend.load_checked``).
+``native()`` is None when the library was not built, or is a build from before these functions (then rebuild
+it).
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ class NativeCrc32c:
         self._check.argtypes, self._check.restype = [vp, i64, i64, vp, vp, i64, i64], ctypes.c_int
 
     @property
-    def folding(self) -> bool:
-        """Whether the AVX-512 carry-less fold hashes (this CPU has it and tests have not turned it off)."""
-        return bool(self._folding())
+    def folding(self) -> int:
+        """The carry-less fold's width in use: 512 (AVX-512 with VPCLMULQDQ), 128 (PCLMULQDQ), 0 (none)."""
+        return int(self._folding())
 
-    def allow_vectors(self, allow: bool) -> bool:
-        """Lets tests run the crc32-instruction or table path on a CPU with the fold; returns the previous
-        setting."""
-        return bool(self._allow_vectors(int(allow)))
+    def allow_vectors(self, widest: int) -> int:
+        """Caps the fold's width (512, 128, 0: the crc32 instruction or the table), so tests run every path this
+        CPU has; returns the previous cap."""
+        return int(self._allow_vectors(widest))
 
     def accumulate(self, address: int, nbytes: int, offset: int, stripe: int, registers: int, lengths: int) -> int:
         """Adds the ``nbytes`` at ``address`` (payload offset ``offset``) to the stripe state at ``registers`` /

@@ -1,6 +1,6 @@
 """The CPU backend's load that checks each stripe just before writing its rows: on an intact object the same
 planes as a plain load; with one flipped byte no row ever holds it, and the load says so whenever a row it
-writes would have; random layouts, stripe sizes, object offsets, threads, both CRC paths."""
+writes would have; random layouts, stripe sizes, object offsets, threads, every CRC path."""
 
 from __future__ import annotations
 
