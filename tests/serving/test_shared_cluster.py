@@ -97,7 +97,9 @@ def killed_while_storing(server: VllmServer, name: str, timeout_s: float = 120.0
             time.sleep(0.002)
         assert server.process is not None
         os.killpg(server.process.pid, signal.SIGKILL)
-        with pytest.raises(Exception):  # noqa: B017 - the connection drops, however the client reports it
+        # The answer may have left before the kill (LMCache logs a store when it queues the write, and the one
+        # output token goes out in the same step); either way the prompt's objects were still being written.
+        with contextlib.suppress(Exception):
             asking.result(timeout=60)
 
 
