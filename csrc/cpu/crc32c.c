@@ -9,10 +9,9 @@
  * while they are in registers instead of reading them again; there other x86-64 CPUs with PCLMULQDQ (all since
  * 2010) fold the same way with four 128-bit lanes, 64 bytes per step. Otherwise the crc32 instruction runs on
  * three stripes (or thirds of one buffer) at once, since one stream is bound by its 3-cycle latency; elsewhere
- * a table (eight bytes per step). Pieces hashed apart are joined with lmcp_crc_shift (the CRC is linear: a
- * piece's state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several threads at
- * once;
- * it keeps no state but its tables, built once.
+ * a table (eight bytes per step). Pieces hashed apart are joined by shifting (lmcp_crc_merge; the CRC is
+ * linear: a piece's state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several
+ * threads at once; it keeps no state but its tables, built once.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -309,15 +308,11 @@ uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t
     return crc_any(crc, src, n);
 }
 
-uint32_t lmcp_crc_shift(uint32_t crc, int64_t n) {
-    pthread_once(&table_once, build_tables);
-    return shift(crc, n);
-}
-
 int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens) {
+    pthread_once(&table_once, build_tables);
     const int64_t k = offset / stripe;
     if (len < 0 || offset != k * stripe + lens[k] || lens[k] + len > stripe) return -1;
-    acc[k] = lmcp_crc_shift(acc[k], len) ^ crc;
+    acc[k] = shift(acc[k], len) ^ crc;
     lens[k] += len;
     return 0;
 }
@@ -406,11 +401,11 @@ int lmcp_crc32c_accumulate(const uint8_t *data, int64_t n, int64_t offset, int64
 int lmcp_crc32c_finish(int64_t payload, int64_t stripe, const uint32_t *acc, const int64_t *lens, uint32_t *out) {
     pthread_once(&table_once, build_tables);
     const int64_t count = (payload + stripe - 1) / stripe;
-    const uint32_t whole = lmcp_crc_shift(0xFFFFFFFFu, stripe);
+    const uint32_t whole = shift(0xFFFFFFFFu, stripe);
     for (int64_t k = 0; k < count; k++) {
         const int64_t want = payload - k * stripe < stripe ? payload - k * stripe : stripe;
         if (lens[k] != want) return -1;
-        out[k] = ~((want == stripe ? whole : lmcp_crc_shift(0xFFFFFFFFu, want)) ^ acc[k]);
+        out[k] = ~((want == stripe ? whole : shift(0xFFFFFFFFu, want)) ^ acc[k]);
     }
     return 0;
 }

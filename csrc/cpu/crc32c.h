@@ -24,9 +24,6 @@ int lmcp_crc_folds(void);
  */
 uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int stream);
 
-/* `crc` moved past n zero bytes: a piece's state as the start of a longer one. */
-uint32_t lmcp_crc_shift(uint32_t crc, int64_t n);
-
 /*
  * Joins the raw state `crc` of the `len` bytes at object `offset` (inside one stripe) to that stripe's state
  * acc[k] / lens[k]. 0, or -1 when the piece does not follow the stripe's bytes so far.

@@ -153,28 +153,18 @@ static void cursor_emit(lmcp_cursor *c) {
     c->crc = 0;
 }
 
-/* Hashes n bytes already in the buffer at dst, the next ones of the cursor's range. */
-static void cursor_hash(lmcp_cursor *c, const uint8_t *dst, int64_t n) {
-    while (n > 0) {
-        const int64_t m = n < c->boundary - c->pos ? n : c->boundary - c->pos;
-        c->crc = lmcp_crc_raw(c->crc, dst, (size_t)m);
-        dst += m, c->pos += m, n -= m;
-        if (c->pos == c->boundary) {
-            cursor_emit(c);
-            c->boundary += c->stripe;
-        }
-    }
-}
-
 /*
- * copy_run for a store that hashes: the same copy, each byte hashed as it passes (with the fold, inside the
- * copy loop; else from the source, in cache right after its piece is copied).
+ * The cursor's next n buffer bytes, at dst: with `src`, copied from there as copy_run would and hashed as they
+ * pass (with the fold, inside the copy loop; else from the source, in cache right after each piece); with src
+ * NULL, already in the buffer (written another way, or a skipped row's) and hashed there.
  */
-static void cursor_copy(lmcp_cursor *c, uint8_t *dst, const uint8_t *src, int64_t n) {
-    const int stream = n >= LMCP_STREAM_STORE_BYTES, fold = lmcp_crc_folds();
+static void cursor_take(lmcp_cursor *c, uint8_t *dst, const uint8_t *src, int64_t n) {
+    const int stream = n >= LMCP_STREAM_STORE_BYTES, fold = src != NULL && lmcp_crc_folds();
     while (n > 0) {
         const int64_t m = n < c->boundary - c->pos ? n : c->boundary - c->pos;
-        if (fold) {
+        if (src == NULL) {
+            c->crc = lmcp_crc_raw(c->crc, dst, (size_t)m);
+        } else if (fold) {
             c->crc = lmcp_crc_copy_fold(dst, src, (size_t)m, c->crc, stream);
         } else {
             if (stream) {
@@ -184,7 +174,8 @@ static void cursor_copy(lmcp_cursor *c, uint8_t *dst, const uint8_t *src, int64_
             }
             c->crc = lmcp_crc_raw(c->crc, src, (size_t)m);
         }
-        dst += m, src += m, c->pos += m, n -= m;
+        dst += m, c->pos += m, n -= m;
+        if (src != NULL) src += m;
         if (c->pos == c->boundary) {
             cursor_emit(c);
             c->boundary += c->stripe;
@@ -386,7 +377,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
             const int64_t e = f + span < last ? f + span : last;
             if (chk != NULL && !checked(chk, plane_offset + f * p->row_bytes, (e - f) * p->row_bytes)) return;
             move_strided(p, slots, f, e, plane_rows, direction);
-            if (cur != NULL) cursor_hash(cur, plane_rows + f * p->row_bytes, (e - f) * p->row_bytes);
+            if (cur != NULL) cursor_take(cur, plane_rows + f * p->row_bytes, NULL, (e - f) * p->row_bytes);
         }
         return;
     }
@@ -396,7 +387,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
     while (r < last) {
         const int64_t slot = slots[r];
         if (slot < 0) {
-            if (cur != NULL) cursor_hash(cur, plane_rows + r * p->row_bytes, p->row_bytes);
+            if (cur != NULL) cursor_take(cur, plane_rows + r * p->row_bytes, NULL, p->row_bytes);
             ++r;
             continue;
         }
@@ -414,7 +405,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
                                                                 end + ahead);
         if (chk != NULL && !checked(chk, plane_offset + r * p->row_bytes, (end - r) * p->row_bytes)) return;
         if (cur != NULL) {
-            cursor_copy(cur, plane_rows + r * p->row_bytes, start, (end - r) * p->row_bytes);
+            cursor_take(cur, plane_rows + r * p->row_bytes, start, (end - r) * p->row_bytes);
         } else {
             copy_run(start, plane_rows + r * p->row_bytes, (size_t)((end - r) * p->row_bytes), direction);
         }

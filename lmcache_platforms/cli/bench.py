@@ -2,13 +2,14 @@
 
 Every transfer group of every whole chunk is moved with real slot lists (random distinct non-null blocks), into
 and out of one object per chunk laid out as the connector lays out LMCache's MemoryObjs. Store, load, the same
-store and load with the objects' checksum (sealed after the store, checked before the load, as the connector
-does on CPU memory objects), and plain copies of the same byte count (`Tensor.copy_`, and on CPU a contiguous
-copy through the native library's thread pool; same thread count, the faster one is the memcpy reference) are
-timed in interleaved rounds after a warm-up, best of --repeats each; where upstream LMCache 0.5.6's own torch
-path can move the layout, it is timed the same way against its own copies. On an accelerator the whole path to
-LMCache's pinned host objects is timed against a pinned copy, also with the objects' checksum made on the device
-and on the host, and on CUDA the GPU time alone (CUDA graph replay) against a device copy replayed the same way.
+store and load with the objects' checksum (hashed by the store's kernels as they copy, checked stripe by stripe
+as the load writes, as the connector does on CPU memory objects), and plain copies of the same byte count
+(`Tensor.copy_`, and on CPU a contiguous copy through the native library's thread pool; same thread count, the
+faster one is the memcpy reference) are timed in interleaved rounds after a warm-up, best of --repeats each;
+where upstream LMCache 0.5.6's own torch path can move the layout, it is timed the same way against its own
+copies. On an accelerator the whole path to LMCache's pinned host objects is timed against a pinned copy, also
+with the objects' checksum made on the device and on the host, and on CUDA the GPU time alone (CUDA graph
+replay) against a device copy replayed the same way.
 """
 
 from __future__ import annotations
@@ -316,28 +317,31 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
                  payload: int) -> dict[str, Callable[[], None]]:
     """Store then seal the batch's objects, check them then load, and the checksum alone (CPU objects), as the
     connector does per batch of chunks: the store object by object, each group's kernel hashing the bytes it
-    copies (``KernelBackend.store_hashed``), the load after a pass that hashes every object."""
+    copies (``KernelBackend.store_hashed``), the load checking each stripe just before writing its rows
+    (``KernelBackend.load_checked``)."""
     from lmcache_platforms.connector import checksum
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.layout.plane import buffer_bytes
 
     per_object = payload // len(objects)
-    parts: list[list[tuple[int, Batch, int]]] = [[] for _ in objects]
+    # Each object's groups in byte order (the order a hashing store must feed them): offset, batch, row, bytes.
+    parts: list[list[tuple[int, Batch, int, int]]] = [[] for _ in objects]
     for batch in batches:
         for index in range(batch.slots.shape[0]):
-            parts[batch.first + index].append((batch.offset, batch, index))
+            parts[batch.first + index].append((batch.offset, batch, index,
+                                               buffer_bytes(batch.planes, batch.slots.shape[-1])))
+    for object_parts in parts:
+        object_parts.sort(key=lambda part: part[0])
     stripes = checksum.stripe_room(per_object, len(objects))
 
     def store_checksummed() -> None:
         for index, obj in enumerate(objects):
             if stripes is None:  # no native CRC-32C: store, then hash
-                for offset, batch, row in sorted(parts[index], key=lambda part: part[0]):
-                    nbytes = buffer_bytes(batch.planes, batch.slots.shape[-1])
+                for offset, batch, row, nbytes in parts[index]:
                     backend.transfer(batch.planes, batch.slots[row], obj[offset : offset + nbytes], Direction.STORE)
                 continue
             hashed = checksum.object_stripes(per_object)
-            for offset, batch, row in sorted(parts[index], key=lambda part: part[0]):
-                nbytes = buffer_bytes(batch.planes, batch.slots.shape[-1])
+            for offset, batch, row, nbytes in parts[index]:
                 backend.store_hashed(batch.planes, batch.slots[row], obj[offset : offset + nbytes], hashed, offset)
             hashed.finish(stripes[index])
         checksum.seal(objects, per_object, stripes)
@@ -350,12 +354,9 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
             return
         for index, obj in enumerate(objects):
             check = checksum.object_check(obj, per_object)
-            intact = check is not None
-            for offset, batch, row in sorted(parts[index], key=lambda part: part[0]) if check is not None else ():
-                nbytes = buffer_bytes(batch.planes, batch.slots.shape[-1])
-                intact = intact and backend.load_checked(batch.planes, batch.slots[row],
-                                                         obj[offset : offset + nbytes], check, offset)
-            if not intact or check is None or not check.check(0, per_object):
+            if check is None or not all(
+                    backend.load_checked(batch.planes, batch.slots[row], obj[offset : offset + nbytes], check, offset)
+                    for offset, batch, row, nbytes in parts[index]) or not check.check(0, per_object):
                 raise RuntimeError("bench: a sealed object failed its checksum")
 
     def crc() -> None:

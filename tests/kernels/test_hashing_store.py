@@ -4,10 +4,8 @@ to hashing the finished object, on random layouts, stripe sizes, object offsets,
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,33 +14,21 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.kernels.contract import Direction, buffer_bytes
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
-from lmcache_platforms.kernels.crc32c import NativeCrc32c, native
+from lmcache_platforms.kernels.crc32c import native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.checks import parallel_group
+from tests.kernels.crc_paths import PATHS, crc_path, native_crc, stripes_of
 from tests.kernels.strategies import interleaved_cases, transfer_cases
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
-
-
-def _lib() -> NativeCrc32c:
-    lib = native()
-    assert lib is not None
-    return lib
-
-
-def stripes_of(obj: torch.Tensor, stripe: int) -> torch.Tensor:
-    """The oracle: the finished object's stripes hashed from memory, one by one."""
-    out = torch.zeros(-(-obj.numel() // stripe), dtype=torch.int32)
-    _lib().stripes(obj.data_ptr(), obj.numel(), stripe, 0, out.numel(), out.data_ptr())
-    return out
 
 
 def hashed_store(planes, slots, obj: torch.Tensor, offset: int, stripe: int, backend=CPU) -> torch.Tensor:
     """Stores the planes into ``obj`` at ``offset`` with ``backend.store_hashed``, the bytes around them fed
     from memory, and returns the stripe CRCs the store built."""
     nbytes = buffer_bytes(planes, slots.shape[-1])
-    stripes = _lib().object_stripes(obj.numel(), stripe)
+    stripes = native_crc().object_stripes(obj.numel(), stripe)
     stripes.feed(obj[:offset], 0)
     backend.store_hashed(planes, slots, obj[offset : offset + nbytes], stripes, offset)
     stripes.feed(obj[offset + nbytes :], offset + nbytes)
@@ -60,20 +46,6 @@ def check(planes, slots, stripe: int, before: int, after: int, seed: int) -> Non
     got = hashed_store(planes, slots, obj, before, stripe)
     assert torch.equal(obj, expected), "the hashing store wrote other bytes than a plain store"
     assert torch.equal(got, stripes_of(obj, stripe))
-
-
-@contextlib.contextmanager
-def crc_path(widest: int) -> Iterator[None]:
-    """The carry-less fold capped at ``widest`` bits (512, 128; 0: the crc32 instruction or the table) for the
-    test's duration; on a CPU without the wider fold the narrower path runs."""
-    previous = _lib().allow_vectors(widest)
-    try:
-        yield
-    finally:
-        _lib().allow_vectors(previous)
-
-
-PATHS = pytest.mark.parametrize("vectors", [512, 128, 0], ids=["fold512", "fold128", "no-fold"])
 
 
 @PATHS
@@ -134,7 +106,7 @@ def test_a_planted_fault_is_caught():
     obj[7777] ^= 1
     assert not torch.equal(got, stripes_of(obj, 5000))
     assert (got != stripes_of(obj, 5000)).sum() == 1
-    stripes = _lib().object_stripes(obj.numel() + 1, 5000)
+    stripes = native_crc().object_stripes(obj.numel() + 1, 5000)
     CPU.store_hashed(planes, slots, obj, stripes, 0)
     with pytest.raises(RuntimeError, match=f"{obj.numel()} payload bytes were hashed, the object has "
                                            f"{obj.numel() + 1}"):

@@ -1,0 +1,39 @@
+"""What the checksum kernels' tests share: the native CRC-32C, the oracle that hashes a finished object, and
+every CRC path this CPU has (``PATHS``, ``crc_path``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from lmcache_platforms.kernels.crc32c import NativeCrc32c, native
+
+
+def native_crc() -> NativeCrc32c:
+    lib = native()
+    assert lib is not None
+    return lib
+
+
+def stripes_of(obj: torch.Tensor, stripe: int) -> torch.Tensor:
+    """The oracle: the finished object's stripes hashed from memory, one by one."""
+    out = torch.zeros(-(-obj.numel() // stripe), dtype=torch.int32)
+    native_crc().stripes(obj.data_ptr(), obj.numel(), stripe, 0, out.numel(), out.data_ptr())
+    return out
+
+
+@contextlib.contextmanager
+def crc_path(widest: int) -> Iterator[None]:
+    """The carry-less fold capped at ``widest`` bits (512, 128; 0: the crc32 instruction or the table) for the
+    test's duration; on a CPU without the wider fold the narrower path runs."""
+    previous = native_crc().allow_vectors(widest)
+    try:
+        yield
+    finally:
+        native_crc().allow_vectors(previous)
+
+
+PATHS = pytest.mark.parametrize("vectors", [512, 128, 0], ids=["fold512", "fold128", "no-fold"])
