@@ -126,20 +126,24 @@ FOLD128_TARGET static inline void put128(uint8_t *dst, __m128i v, int mode) {
     }
 }
 
-/* `crc` continued over src[0, n), n a positive multiple of 64, copying to dst per `mode`: 4 x 128-bit lanes. */
-FOLD128_TARGET static uint32_t fold_blocks_128(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+/*
+ * `crc` continued over hash[0, n), n a positive multiple of 64, copying src[0, n) to dst per `mode`: 4 x 128-bit
+ * lanes. `beside` (a constant where inlined): src holds other bytes; else src is hash, loaded once.
+ */
+FOLD128_TARGET static inline __attribute__((always_inline)) uint32_t
+fold_blocks_128(uint8_t *dst, const uint8_t *src, const uint8_t *hash, size_t n, uint32_t crc, int mode, int beside) {
     __m128i a[4];
     for (int j = 0; j < 4; ++j) {
-        a[j] = _mm_loadu_si128((const __m128i *)(src + 16 * j));
-        put128(dst + 16 * j, a[j], mode);
+        a[j] = _mm_loadu_si128((const __m128i *)(hash + 16 * j));
+        put128(dst + 16 * j, beside ? _mm_loadu_si128((const __m128i *)(src + 16 * j)) : a[j], mode);
     }
     a[0] = _mm_xor_si128(a[0], _mm_cvtsi32_si128((int)crc));
     const __m128i k64 = fold_pair(FOLD_64);
     for (size_t i = 64; i < n; i += 64) {
         __m128i b[4];
         for (int j = 0; j < 4; ++j) {
-            b[j] = _mm_loadu_si128((const __m128i *)(src + i + 16 * j));
-            put128(dst + i + 16 * j, b[j], mode);
+            b[j] = _mm_loadu_si128((const __m128i *)(hash + i + 16 * j));
+            put128(dst + i + 16 * j, beside ? _mm_loadu_si128((const __m128i *)(src + i + 16 * j)) : b[j], mode);
         }
         for (int j = 0; j < 4; ++j)
             a[j] = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a[j], k64, 0x00),
@@ -161,20 +165,21 @@ FOLD512_TARGET static inline void put512(uint8_t *dst, __m512i v, int mode) {
     }
 }
 
-/* `crc` continued over src[0, n), n a positive multiple of 256, copying to dst per `mode`: 4 x 512-bit lanes. */
-FOLD512_TARGET static uint32_t fold_blocks_512(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+/* fold_blocks_128 with 4 x 512-bit lanes, n a positive multiple of 256. */
+FOLD512_TARGET static inline __attribute__((always_inline)) uint32_t
+fold_blocks_512(uint8_t *dst, const uint8_t *src, const uint8_t *hash, size_t n, uint32_t crc, int mode, int beside) {
     __m512i a[4];
     for (int j = 0; j < 4; ++j) {
-        a[j] = _mm512_loadu_si512(src + 64 * j);
-        put512(dst + 64 * j, a[j], mode);
+        a[j] = _mm512_loadu_si512(hash + 64 * j);
+        put512(dst + 64 * j, beside ? _mm512_loadu_si512(src + 64 * j) : a[j], mode);
     }
     a[0] = _mm512_xor_si512(a[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
     const __m512i k256 = _mm512_broadcast_i32x4(fold_pair(FOLD_256));
     for (size_t i = 256; i < n; i += 256) {
         __m512i b[4];
         for (int j = 0; j < 4; ++j) {
-            b[j] = _mm512_loadu_si512(src + i + 64 * j);
-            put512(dst + i + 64 * j, b[j], mode);
+            b[j] = _mm512_loadu_si512(hash + i + 64 * j);
+            put512(dst + i + 64 * j, beside ? _mm512_loadu_si512(src + i + 64 * j) : b[j], mode);
         }
         for (int j = 0; j < 4; ++j) a[j] = fold512(a[j], k256, b[j]);
     }
@@ -184,26 +189,45 @@ FOLD512_TARGET static uint32_t fold_blocks_512(uint8_t *dst, const uint8_t *src,
                         _mm512_extracti32x4_epi32(x, 2), _mm512_extracti32x4_epi32(x, 3));
 }
 
+FOLD512_TARGET static uint32_t fold_own_512(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+    return fold_blocks_512(dst, src, src, n, crc, mode, 0);
+}
+FOLD512_TARGET static uint32_t fold_beside_512(uint8_t *dst, const uint8_t *src, const uint8_t *hash, size_t n,
+                                               uint32_t crc, int mode) {
+    return fold_blocks_512(dst, src, hash, n, crc, mode, 1);
+}
+FOLD128_TARGET static uint32_t fold_own_128(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode) {
+    return fold_blocks_128(dst, src, src, n, crc, mode, 0);
+}
+FOLD128_TARGET static uint32_t fold_beside_128(uint8_t *dst, const uint8_t *src, const uint8_t *hash, size_t n,
+                                               uint32_t crc, int mode) {
+    return fold_blocks_128(dst, src, hash, n, crc, mode, 1);
+}
+
 /*
- * `crc` continued over src[0, n), n >= 2 * step, copying to dst per `mode` (streaming stores once dst is
- * aligned to the vector), with `step`-byte steps of fold_blocks_512 (256) or fold_blocks_128 (64).
+ * `crc` continued over hash[0, n), n >= 2 * step, copying src[0, n) to dst per `mode` (streaming stores once
+ * dst is aligned to the vector), with `step`-byte steps of fold_blocks_512 (256) or fold_blocks_128 (64).
  */
-static uint32_t fold_any(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int mode, size_t step) {
+static uint32_t fold_any(uint8_t *dst, const uint8_t *src, const uint8_t *hash, size_t n, uint32_t crc, int mode,
+                         size_t step) {
     const size_t align = step == 256 ? 64 : 16;
     size_t head = mode == LMCP_CRC_STREAM ? (align - ((uintptr_t)dst & (align - 1))) & (align - 1) : 0;
     if (head) {
         memcpy(dst, src, head);
-        crc = crc_hw(crc, src, head);
+        crc = crc_hw(crc, hash, head);
     }
     size_t body = (n - head) / step * step;
-    if (step == 256) {
-        crc = fold_blocks_512(mode ? dst + head : NULL, src + head, body, crc, mode);
+    uint8_t *to = mode ? dst + head : NULL;
+    if (hash != src) {
+        crc = step == 256 ? fold_beside_512(to, src + head, hash + head, body, crc, mode)
+                          : fold_beside_128(to, src + head, hash + head, body, crc, mode);
     } else {
-        crc = fold_blocks_128(mode ? dst + head : NULL, src + head, body, crc, mode);
+        crc = step == 256 ? fold_own_512(to, src + head, body, crc, mode)
+                          : fold_own_128(to, src + head, body, crc, mode);
     }
     size_t done = head + body;
     if (mode) memcpy(dst + done, src + done, n - done);
-    return crc_hw(crc, src + done, n - done);
+    return crc_hw(crc, hash + done, n - done);
 }
 
 /* The widest fold this CPU runs: 512 (AVX-512 with VPCLMULQDQ), 128 (PCLMULQDQ), or 0. */
@@ -272,7 +296,7 @@ static uint32_t crc_any(uint32_t crc, const uint8_t *p, size_t n) {
 #if defined(LMCP_FOLD)
     /* Hashing alone, the 128-bit fold loses to three crc32 streams (12.8 against 22 GB/s a thread on an AMD
        EPYC with AVX-512); inside a copy it is hidden by the memory traffic, so only copies use it. */
-    if (n >= 512 && fold_width() == 512) return fold_any(NULL, p, n, crc, LMCP_CRC_HASH, 256);
+    if (n >= 512 && fold_width() == 512) return fold_any(NULL, p, p, n, crc, LMCP_CRC_HASH, 256);
 #endif
 #if defined(__x86_64__)
     if (have_hw() && n >= THIRDS_MIN_BYTES) {
@@ -301,11 +325,23 @@ uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t
     pthread_once(&table_once, build_tables);
 #if defined(LMCP_FOLD)
     const int width = fold_width(), mode = stream ? LMCP_CRC_STREAM : LMCP_CRC_COPY;
-    if (width == 512 && n >= 512) return fold_any(dst, src, n, crc, mode, 256);
-    if (width == 128 && n >= 256) return fold_any(dst, src, n, crc, mode, 64);
+    if (width == 512 && n >= 512) return fold_any(dst, src, src, n, crc, mode, 256);
+    if (width == 128 && n >= 256) return fold_any(dst, src, src, n, crc, mode, 64);
 #endif
     memcpy(dst, src, n);
     return crc_any(crc, src, n);
+}
+
+uint32_t lmcp_crc_copy_beside(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t *hash, uint32_t crc,
+                              int stream) {
+    pthread_once(&table_once, build_tables);
+#if defined(LMCP_FOLD)
+    const int width = fold_width(), mode = stream ? LMCP_CRC_STREAM : LMCP_CRC_COPY;
+    if (width == 512 && n >= 512) return fold_any(dst, src, hash, n, crc, mode, 256);
+    if (width == 128 && n >= 256) return fold_any(dst, src, hash, n, crc, mode, 64);
+#endif
+    memcpy(dst, src, n);
+    return crc_any(crc, hash, n);
 }
 
 int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens) {

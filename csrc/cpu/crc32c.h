@@ -25,6 +25,13 @@ int lmcp_crc_folds(void);
 uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int stream);
 
 /*
+ * Copies src[0, n) to dst (streaming stores if `stream`) and returns `crc` continued over other bytes,
+ * hash[0, n): the hash rides on the copy's loop where lmcp_crc_folds().
+ */
+uint32_t lmcp_crc_copy_beside(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t *hash, uint32_t crc,
+                              int stream);
+
+/*
  * Joins the raw state `crc` of the `len` bytes at object `offset` (inside one stripe) to that stripe's state
  * acc[k] / lens[k]. 0, or -1 when the piece does not follow the stripe's bytes so far.
  */

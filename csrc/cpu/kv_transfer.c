@@ -320,6 +320,13 @@ static void move_interleaved(const lmcp_plane *p, const int64_t *slots, int64_t 
  * object its buffer bytes lie in must match the CRC the object carries (lmcp_crc_check, each stripe hashed
  * once by whichever thread needs it first, then copied from cache). The first stripe that does not stops every
  * thread: only bytes of matching stripes reach the planes.
+ *
+ * A hash that runs before its copy leaves the copy idle while it reads, where a plain load streams reads and
+ * writes at once. So each thread hashes ahead (lmcp_checker): it claims the stripes after those it checked,
+ * those wholly inside its grab, one at a time, and hashes them inside the loops that copy its current rows
+ * (lmcp_crc_copy_beside), as many bytes hashed as copied. When its rows reach a stripe claimed ahead, the
+ * verdict is in or nearly. Measured on 2 threads of an AMD EPYC (AVX-512), over a plain load of the same
+ * objects: llama8b +35 % hashing each stripe first, +14 % hashing ahead; deepseek-v4 +42 % and +30 %.
  */
 typedef struct {
     const uint8_t *object; /* the object's first byte */
@@ -331,14 +338,112 @@ typedef struct {
     atomic_int bad;
 } lmcp_check;
 
+/* One thread's view of a checked load: the grab it works on, and the stripe it hashes ahead of its copies. */
+typedef struct {
+    lmcp_check *shared;
+    int64_t limit;    /* object offset where the grab's bytes end */
+    int64_t frontier; /* start of the first stripe of the grab this thread has neither checked nor passed over */
+    int64_t ahead;    /* the stripe this thread claimed (LMCP_STRIPE_BUSY) and hashes ahead, or -1 */
+    int64_t done;     /* its bytes hashed so far */
+    uint32_t crc;
+} lmcp_checker;
+
+/* Bytes of the stripe that begins at object offset `start`. */
+static inline int64_t stripe_len(const lmcp_check *chk, int64_t start) {
+    return chk->payload - start < chk->stripe ? chk->payload - start : chk->stripe;
+}
+
+/*
+ * Claims the stripe at the frontier for hashing ahead: the first still new, lying wholly inside the grab (one
+ * that crosses its end is another grab's too, and that thread would wait on this one's copies). 0 when none.
+ */
+static int claim_ahead(lmcp_checker *c) {
+    const lmcp_check *chk = c->shared;
+    while (c->ahead < 0 && c->frontier < chk->payload) {
+        const int64_t end = c->frontier + stripe_len(chk, c->frontier), k = c->frontier / chk->stripe;
+        if (end > c->limit) return 0;
+        c->frontier = end;
+        unsigned seen = LMCP_STRIPE_NEW;
+        if (atomic_compare_exchange_strong_explicit(&chk->state[k], &seen, LMCP_STRIPE_BUSY, memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            c->ahead = k, c->done = 0, c->crc = 0xFFFFFFFFu;
+        }
+    }
+    return c->ahead >= 0;
+}
+
+/* Counts `n` more bytes of the stripe claimed ahead as hashed (into c->crc); once all are in, its verdict. */
+static void hashed_ahead(lmcp_checker *c, int64_t n) {
+    const lmcp_check *chk = c->shared;
+    c->done += n;
+    if (c->done < stripe_len(chk, c->ahead * chk->stripe)) return;
+    const unsigned verdict = ~c->crc == chk->expected[c->ahead] ? LMCP_STRIPE_GOOD : LMCP_STRIPE_BAD;
+    atomic_store_explicit(&chk->state[c->ahead], verdict, memory_order_release);
+    c->ahead = -1;
+}
+
+/* Bytes of the stripe claimed ahead still to hash, and where they start. */
+static inline int64_t ahead_left(const lmcp_checker *c, const uint8_t **at) {
+    const lmcp_check *chk = c->shared;
+    const int64_t start = c->ahead * chk->stripe;
+    *at = chk->object + start + c->done;
+    return stripe_len(chk, start) - c->done;
+}
+
+/* Hashes up to `n` bytes ahead (all of the claimed stripe's rest with INT64_MAX and nothing claimed next). */
+static void hash_ahead(lmcp_checker *c, int64_t n, int claim) {
+    while (n > 0 && (claim ? claim_ahead(c) : c->ahead >= 0)) {
+        const uint8_t *at;
+        const int64_t left = ahead_left(c, &at), m = n < left ? n : left;
+        c->crc = lmcp_crc_raw(c->crc, at, (size_t)m);
+        hashed_ahead(c, m);
+        n -= m;
+    }
+}
+
 /* Whether buffer bytes [offset, offset + n) may be written out: their stripes match, and none failed so far. */
-static int checked(lmcp_check *chk, int64_t offset, int64_t n) {
+static int checked(lmcp_checker *c, int64_t offset, int64_t n) {
+    lmcp_check *chk = c->shared;
     if (atomic_load_explicit(&chk->bad, memory_order_relaxed)) return 0;
-    if (lmcp_crc_check(chk->object, chk->payload, chk->stripe, chk->expected, chk->state, chk->origin + offset,
-                       chk->origin + offset + n))
-        return 1;
-    atomic_store_explicit(&chk->bad, 1, memory_order_relaxed);
-    return 0;
+    const int64_t from = chk->origin + offset, to = from + n, last = (to - 1) / chk->stripe;
+    if (c->ahead >= 0 && c->ahead <= last) hash_ahead(c, INT64_MAX, 0);
+    if (!lmcp_crc_check(chk->object, chk->payload, chk->stripe, chk->expected, chk->state, from, to)) {
+        atomic_store_explicit(&chk->bad, 1, memory_order_relaxed);
+        return 0;
+    }
+    if (c->frontier <= last * chk->stripe) c->frontier = (last + 1) * chk->stripe;
+    return 1;
+}
+
+/* A run of a checked load, copied with the stripes ahead hashed inside the copy loop, byte for byte. */
+static void copy_run_checked(lmcp_checker *c, uint8_t *plane_bytes, const uint8_t *buf_bytes, int64_t bytes) {
+    while (bytes > 0 && claim_ahead(c)) {
+        const uint8_t *at;
+        const int64_t left = ahead_left(c, &at), n = bytes < left ? bytes : left;
+        c->crc = lmcp_crc_copy_beside(plane_bytes, buf_bytes, (size_t)n, at, c->crc, n >= LMCP_STREAM_LOAD_BYTES);
+        hashed_ahead(c, n);
+        plane_bytes += n, buf_bytes += n, bytes -= n;
+    }
+    if (bytes > 0) copy_run(plane_bytes, (uint8_t *)buf_bytes, (size_t)bytes, LMCP_LOAD);
+}
+
+/*
+ * A run of a checked load, `bytes` at buffer `offset` to `plane_bytes`, about a stripe at a time: each piece
+ * (whole `row_bytes` rows, through the one that crosses the next stripe boundary: a row is written whole or
+ * not at all) is checked, then copied while the stripes after it are hashed. 0 when a stripe did not match.
+ */
+static int move_run_checked(lmcp_checker *c, uint8_t *plane_bytes, int64_t offset, uint8_t *buffer, int64_t bytes,
+                            int64_t row_bytes) {
+    const int64_t stripe = c->shared->stripe, origin = c->shared->origin;
+    while (bytes > 0) {
+        const int64_t room = (origin + offset) / stripe * stripe + stripe - (origin + offset);
+        const int64_t whole_rows = (room + row_bytes - 1) / row_bytes * row_bytes;
+        const int64_t n = bytes < whole_rows ? bytes : whole_rows;
+        if (!checked(c, offset, n)) return 0;
+        copy_run_checked(c, plane_bytes, buffer + offset, n);
+        plane_bytes += n, offset += n, bytes -= n;
+    }
+    return 1;
 }
 
 /* Rows [first, last) of a plane whose rows are not plain byte runs: transposed tiles or strided segments. */
@@ -363,7 +468,7 @@ static void move_strided(const lmcp_plane *p, const int64_t *slots, int64_t firs
  * the rows is hashed in order, skipped rows' included.
  */
 static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
-                      uint8_t *buffer, int direction, lmcp_cursor *cur, lmcp_check *chk) {
+                      uint8_t *buffer, int direction, lmcp_cursor *cur, lmcp_checker *chk) {
     const int64_t plane_offset = p->buffer_prefix * num_rows;
     uint8_t *plane_rows = buffer + plane_offset;
     if (rows_interleaved(p) || !payload_is_dense(p)) {
@@ -377,6 +482,7 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
             const int64_t e = f + span < last ? f + span : last;
             if (chk != NULL && !checked(chk, plane_offset + f * p->row_bytes, (e - f) * p->row_bytes)) return;
             move_strided(p, slots, f, e, plane_rows, direction);
+            if (chk != NULL) hash_ahead(chk, (e - f) * p->row_bytes, 1);
             if (cur != NULL) cursor_take(cur, plane_rows + f * p->row_bytes, NULL, (e - f) * p->row_bytes);
         }
         return;
@@ -403,9 +509,12 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
         }
         if (direction == LMCP_STORE) prefetched = prefetch_rows(p, slots, num_rows, prefetched > end ? prefetched : end,
                                                                 end + ahead);
-        if (chk != NULL && !checked(chk, plane_offset + r * p->row_bytes, (end - r) * p->row_bytes)) return;
         if (cur != NULL) {
             cursor_take(cur, plane_rows + r * p->row_bytes, start, (end - r) * p->row_bytes);
+        } else if (chk != NULL) {
+            if (!move_run_checked(chk, start, plane_offset + r * p->row_bytes, buffer, (end - r) * p->row_bytes,
+                                  p->row_bytes))
+                return;
         } else {
             copy_run(start, plane_rows + r * p->row_bytes, (size_t)((end - r) * p->row_bytes), direction);
         }
@@ -421,6 +530,12 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
  */
 #define LMCP_MIN_GRAB_BYTES (16 * 1024)
 #define LMCP_GRABS_PER_THREAD 4
+/*
+ * A checked load's grab hashes its first stripe before it copies anything (hashing ahead needs a copy to ride
+ * on): fewer, longer grabs. Measured on deepseek-v4 (37 KB rows, 2 threads): +42 % over a plain load with 4
+ * grabs a thread, +30 % with 2.
+ */
+#define LMCP_CHECKED_GRABS_PER_THREAD 2
 #define LMCP_MAX_HELPERS 255
 
 typedef struct {
@@ -468,12 +583,20 @@ static void run_items(lmcp_job *job) {
                                    job->pieces + job->piece_base[grab]};
             cur = &cursor;
         }
+        lmcp_checker checker, *chk = NULL;
+        if (job->check != NULL) {
+            const int64_t from = job->check->origin + item_offset(job, start), stripe = job->check->stripe;
+            const int64_t limit = job->check->origin + item_offset(job, end);
+            checker = (lmcp_checker){job->check, limit, (from + stripe - 1) / stripe * stripe, -1, 0, 0};
+            chk = &checker;
+        }
         for (int64_t p = start / rows; p * rows < end; ++p) {
             int64_t first = p * rows > start ? 0 : start - p * rows;
             int64_t last = (p + 1) * rows < end ? rows : end - p * rows;
             move_rows(&job->planes[p], job->slots + p * job->slots_plane_stride, rows, first, last, job->buffer,
-                      job->direction, cur, job->check);
+                      job->direction, cur, chk);
         }
+        if (chk != NULL) hash_ahead(chk, INT64_MAX, 0); /* a claim is settled before the grab ends */
         if (cur != NULL) {
             cursor_emit(cur);
             if (cur->out != job->pieces + job->piece_base[start / job->grain + 1] ||
@@ -604,12 +727,13 @@ static void run_job(lmcp_job *job, int threads) {
 
 /* The job moving rows between `num_planes` planes and `buffer` (see lmcp_transfer), threads and grain chosen. */
 static int plan_job(lmcp_job *job, const lmcp_plane *planes, int64_t num_planes, const int64_t *slots,
-                    int64_t slots_plane_stride, int64_t num_rows, uint8_t *buffer, int direction, int num_threads) {
+                    int64_t slots_plane_stride, int64_t num_rows, uint8_t *buffer, int direction, int num_threads,
+                    int grabs_per_thread) {
     int64_t total_bytes = 0;
     for (int64_t p = 0; p < num_planes; ++p) total_bytes += planes[p].row_bytes * num_rows;
     const int threads = total_bytes < LMCP_PARALLEL_MIN_BYTES || num_threads < 1 ? 1 : num_threads;
     const int64_t items = num_planes * num_rows;
-    int64_t grab_bytes = total_bytes / ((int64_t)threads * LMCP_GRABS_PER_THREAD);
+    int64_t grab_bytes = total_bytes / ((int64_t)threads * grabs_per_thread);
     if (grab_bytes < LMCP_MIN_GRAB_BYTES) grab_bytes = LMCP_MIN_GRAB_BYTES;
     const int64_t item_bytes = items > 0 && total_bytes / items > 0 ? total_bytes / items : 1;
     *job = (lmcp_job){.planes = planes,
@@ -634,7 +758,8 @@ int lmcp_transfer(const lmcp_plane *planes, int64_t num_planes, const int64_t *s
     if (direction != LMCP_STORE && direction != LMCP_LOAD) return -1;
     lmcp_job job;
     const int threads =
-        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, direction, num_threads);
+        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, direction, num_threads,
+                 LMCP_GRABS_PER_THREAD);
     run_job(&job, threads);
     return 0;
 }
@@ -652,7 +777,8 @@ int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_
     if (stripe <= 0 || origin < 0) return -1;
     lmcp_job job;
     const int threads =
-        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_STORE, num_threads);
+        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_STORE, num_threads,
+                 LMCP_GRABS_PER_THREAD);
     if (job.items == 0) return 0;
     job.origin = origin;
     job.stripe = stripe;
@@ -696,7 +822,8 @@ int lmcp_transfer_checked(const lmcp_plane *planes, int64_t num_planes, const in
     if (stripe <= 0 || origin < 0 || object == NULL) return -1;
     lmcp_job job;
     const int threads =
-        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_LOAD, num_threads);
+        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_LOAD, num_threads,
+                 LMCP_CHECKED_GRABS_PER_THREAD);
     lmcp_check check = {object, payload, stripe, origin, expected, (atomic_uint *)state, 0};
     job.check = &check;
     run_job(&job, threads);

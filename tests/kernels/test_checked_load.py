@@ -65,6 +65,19 @@ def test_random_layouts_write_only_checked_stripes(vectors, case, stripe, before
 
 
 @PATHS
+@settings(max_examples=60, deadline=None)
+@given(case=transfer_cases(), stripe=st.integers(1, 512), before=st.integers(0, 600), flip=st.integers(0, 2**20),
+       seed=st.integers(0, 1000))
+def test_a_flip_in_the_rows_is_caught_in_stripes_hashed_ahead(vectors, case, stripe, before, flip, seed):
+    """The flipped byte always lies in the buffer and stripes are short, so most lie past the first one a
+    thread checks: those are hashed ahead, inside the copies of the rows before them."""
+    planes, slots = case
+    nbytes = buffer_bytes(planes, slots.shape[-1])
+    with crc_path(vectors):
+        check(planes, slots, stripe, before, 0, before + flip % nbytes if nbytes else None, seed)
+
+
+@PATHS
 @settings(max_examples=20, deadline=None)
 @given(flip=st.none() | st.integers(0, 3 * 1024 * 1024), stripe=st.sampled_from([4096, 65536, 100000]),
        seed=st.integers(0, 100))
