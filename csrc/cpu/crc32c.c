@@ -8,8 +8,9 @@
  * instruction. The fold also runs inside a copy (lmcp_crc_copy_fold), so a store hashes the bytes it moves
  * while they are in registers instead of reading them again; there other x86-64 CPUs with PCLMULQDQ (all since
  * 2010) fold the same way with four 128-bit lanes, 64 bytes per step. Otherwise the crc32 instruction runs on
- * three stripes (or thirds of one buffer) at once, since one stream is bound by its 3-cycle latency; elsewhere
- * a table (eight bytes per step). Pieces hashed apart are joined by shifting (lmcp_crc_merge; the CRC is
+ * three stripes (or thirds of one buffer) at once, since one stream is bound by its 3-cycle latency; aarch64
+ * CPUs with the CRC extension (ARMv8.1 on, and most ARMv8.0 server cores) do the same with their crc32c
+ * instruction; elsewhere a table (eight bytes per step). Pieces hashed apart are joined by shifting (lmcp_crc_merge; the CRC is
  * linear: a piece's state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several
  * threads at once; it keeps no state but its tables, built once.
  */
@@ -19,6 +20,17 @@
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
+#define LMCP_CRC_HW 1
+#define CRC_HW_TARGET __attribute__((target("sse4.2")))
+#define CRC_U64(c, w) _mm_crc32_u64((c), (w))
+#define CRC_U8(c, b) _mm_crc32_u8((c), (b))
+#elif defined(__aarch64__) && defined(__linux__)
+#include <arm_acle.h>
+#include <sys/auxv.h>
+#define LMCP_CRC_HW 1
+#define CRC_HW_TARGET __attribute__((target("+crc")))
+#define CRC_U64(c, w) __crc32cd((uint32_t)(c), (w))
+#define CRC_U8(c, b) __crc32cb((c), (b))
 #endif
 
 #include "crc32c.h"
@@ -52,21 +64,21 @@ static uint32_t crc_table(uint32_t crc, const uint8_t *p, size_t n) {
     return crc;
 }
 
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t n) {
+#if defined(LMCP_CRC_HW)
+/* The CPU's CRC-32C instruction: SSE 4.2's crc32 on x86-64, ARMv8's crc32c (the CRC extension) on aarch64. */
+CRC_HW_TARGET static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t n) {
     uint64_t c = crc;
     for (; n >= 8; n -= 8, p += 8) {
         uint64_t word;
         memcpy(&word, p, 8);
-        c = _mm_crc32_u64(c, word);
+        c = CRC_U64(c, word);
     }
-    for (; n; n--, p++) c = _mm_crc32_u8((uint32_t)c, *p);
+    for (; n; n--, p++) c = CRC_U8((uint32_t)c, *p);
     return (uint32_t)c;
 }
 
 /* Three stripes of `n` bytes each, interleaved: out[0..2] hold their starting states and get their results. */
-__attribute__((target("sse4.2"))) static void crc_hw3(const uint8_t *a, const uint8_t *b, const uint8_t *c,
-                                                       size_t n, uint32_t out[3]) {
+CRC_HW_TARGET static void crc_hw3(const uint8_t *a, const uint8_t *b, const uint8_t *c, size_t n, uint32_t out[3]) {
     uint64_t ca = out[0], cb = out[1], cc = out[2];
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -74,16 +86,21 @@ __attribute__((target("sse4.2"))) static void crc_hw3(const uint8_t *a, const ui
         memcpy(&wa, a + i, 8);
         memcpy(&wb, b + i, 8);
         memcpy(&wc, c + i, 8);
-        ca = _mm_crc32_u64(ca, wa);
-        cb = _mm_crc32_u64(cb, wb);
-        cc = _mm_crc32_u64(cc, wc);
+        ca = CRC_U64(ca, wa);
+        cb = CRC_U64(cb, wb);
+        cc = CRC_U64(cc, wc);
     }
     out[0] = crc_hw((uint32_t)ca, a + i, n - i);
     out[1] = crc_hw((uint32_t)cb, b + i, n - i);
     out[2] = crc_hw((uint32_t)cc, c + i, n - i);
 }
 
+#if defined(__x86_64__)
 static int have_hw(void) { return __builtin_cpu_supports("sse4.2"); }
+#else
+/* HWCAP_CRC32 of the kernel's aarch64 hwcaps (asm/hwcap.h), spelled out so the header is not needed. */
+static int have_hw(void) { return (getauxval(AT_HWCAP) & (1UL << 7)) != 0; }
+#endif
 #else
 static int have_hw(void) { return 0; }
 #endif
@@ -298,7 +315,7 @@ static uint32_t crc_any(uint32_t crc, const uint8_t *p, size_t n) {
        EPYC with AVX-512); inside a copy it is hidden by the memory traffic, so only copies use it. */
     if (n >= 512 && fold_width() == 512) return fold_any(NULL, p, p, n, crc, LMCP_CRC_HASH, 256);
 #endif
-#if defined(__x86_64__)
+#if defined(LMCP_CRC_HW)
     if (have_hw() && n >= THIRDS_MIN_BYTES) {
         const size_t third = n / 3 & ~(size_t)7;
         uint32_t three[3] = {crc, 0, 0};
@@ -369,6 +386,8 @@ int lmcp_crc_check(const uint8_t *object, int64_t payload, int64_t stripe, const
         while (seen == LMCP_STRIPE_BUSY) {
 #if defined(__x86_64__)
             __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ volatile("yield");
 #endif
             seen = atomic_load_explicit(&state[k], memory_order_acquire);
         }
@@ -398,7 +417,7 @@ void lmcp_crc32c_stripes(const uint8_t *data, int64_t n, int64_t stripe, int64_t
                          uint32_t *out) {
     pthread_once(&table_once, build_tables);
     int64_t k = first;
-#if defined(__x86_64__)
+#if defined(LMCP_CRC_HW)
     if (have_hw() && fold_width() != 512) {
         for (; k + 3 <= last && (k + 3) * stripe <= n; k += 3) {
             uint32_t three[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};

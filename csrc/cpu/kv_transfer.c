@@ -632,6 +632,8 @@ static atomic_uint_fast64_t published; /* pool.generation, readable without the 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
 #endif
 }
 

@@ -13,9 +13,9 @@ store into host objects gets the stripe CRCs from its kernels, which hash each b
 each stripe against the table just before its rows are written (``object_check``,
 ``KernelBackend.load_checked``): no second pass over the object either way. Otherwise (a layer-by-layer store
 or load) the native CPU library hashes the objects (``kernels.crc32c``: an AVX-512 carry-less fold, or the
-crc32 instruction on three stripes at once) on as many threads as the kernels use; for chunks the connector
-stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same values), so only the
-short list of stripe CRCs crosses to the host. It was chosen by measurement
+CRC-32C instruction of x86-64 or aarch64 on three stripes at once) on as many threads as the kernels use; for
+chunks the connector stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same
+values), so only the short list of stripe CRCs crosses to the host. It was chosen by measurement
 (``lmcache-platforms bench --layout``; one thread on the CI machine: zlib's CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9,
 blake2b 0.9, the instruction about 20). Without the native library the stripes' CRC-32 (``zlib.crc32``, which
 releases the GIL too) stands in, under another format version: the two never read each other's objects. Either
