@@ -232,13 +232,45 @@ class LayoutBinding:
         faster than the bus moves, and a host pass in a vLLM worker runs on one thread). Otherwise every object
         is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
-        if stripes is None and not self.scratch and checksum.stripes_are_crc32c():
+        if stripes is None and self._checks_as_it_loads():
             return self._load_checked(fmt, hosts, slots)
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:
             with self.streams.loading():
                 corrupt = self._move_chunks(fmt, hosts, slots, Direction.LOAD, None, stripes)
         return corrupt
+
+    def object_checks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[ObjectCheck] | None:
+        """For a layer-by-layer load (``load_layer_checked``): each host object's stripe-by-stripe check, kept
+        across the layers. None when this binding cannot check as it loads (chunks staged on a device, or no
+        native CRC-32C) or an object's stripe table fails its trailer: then check them whole first (``corrupt``)."""
+        if self.hashes_on_device or not self._checks_as_it_loads():
+            return None
+        checks = [checksum.object_check(host, fmt.payload_bytes) for host in hosts]
+        return None if None in checks else [check for check in checks if check is not None]
+
+    def load_layer_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
+                           launches: Sequence[Launch], checks: Sequence[ObjectCheck]) -> list[int]:
+        """One layer's pieces (``layer_launches``) of every host object -> planes, each writing only rows whose
+        stripes match the CRCs its object carries (``checks`` from ``object_checks``), so no pass over the
+        objects comes first. [], or at the first mismatch the indices of the corrupt objects: that one, and every
+        other whose stripes do not all match (the load stops; earlier layers stay written, with verified bytes).
+        After the last layer, ``unmatched`` says whether each object matched in the stripes no row needed too."""
+        self._check_usable()
+        for index, host in enumerate(hosts):
+            if not self._load_launches(launches, host, slots, index, checks[index]):
+                return [index] + [other for other in self.unmatched(fmt, checks) if other != index]
+        return []
+
+    @staticmethod
+    def unmatched(fmt: ChunkFormat, checks: Sequence[ObjectCheck]) -> list[int]:
+        """Indices of the objects whose stripes do not all match (hashing those not checked yet)."""
+        return [index for index, check in enumerate(checks) if not check.check(0, fmt.payload_bytes)]
+
+    def _checks_as_it_loads(self) -> bool:
+        """Whether objects are checked stripe by stripe as they load: host objects (not staged on a device) and
+        the native CRC-32C built."""
+        return not self.scratch and checksum.stripes_are_crc32c()
 
     def _load_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                       slots: Mapping[int, torch.Tensor]) -> list[int]:
@@ -249,14 +281,16 @@ class LayoutBinding:
         size = fmt.payload_bytes
         for index, host in enumerate(hosts):
             check = checksum.object_check(host, size)
-            if check is None or not self._load_object(fmt, host, slots, index, check):
+            if (check is None or not self._load_launches(fmt.launches, host, slots, index, check)
+                    or not check.check(0, size)):
                 return [index] + [index + 1 + later for later in checksum.mismatched(hosts[index + 1 :], size)]
         return []
 
-    def _load_object(self, fmt: ChunkFormat, host: torch.Tensor, slots: Mapping[int, torch.Tensor], index: int,
-                     check: ObjectCheck) -> bool:
-        """Object ``index`` of a batch, launch by launch; whether every one of its stripes matched."""
-        for launch in fmt.launches:
+    def _load_launches(self, launches: Sequence[Launch], host: torch.Tensor, slots: Mapping[int, torch.Tensor],
+                       index: int, check: ObjectCheck) -> bool:
+        """``launches`` of object ``index`` of a batch, each written only where its stripes match; whether all
+        were."""
+        for launch in launches:
             region = host[launch.offset : launch.offset + launch.nbytes]
             backend = self._backends[id(launch.planes)]
             intact = backend.load_checked(launch.planes, slots[launch.tg.group][index], region, check, launch.offset)
@@ -264,7 +298,7 @@ class LayoutBinding:
             self.counters.backends.add(backend.name)
             if not intact:
                 return False
-        return check.check(0, fmt.payload_bytes)
+        return True
 
     def _stripes_on_device(self, fmt: ChunkFormat, objects: int) -> torch.Tensor | None:
         """Pinned room for the stripe CRCs of ``objects`` staged objects, when the device hashes them."""

@@ -13,6 +13,7 @@ the KV caches are registered, which must happen before the engine's ``post_init`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -140,14 +141,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             if gate is None:
                 corrupt = binding.load_verified(fmt, hosts, slots)
             else:
-                corrupt = binding.corrupt(fmt, hosts)
-                if not corrupt:
-                    with binding.streams.loading():
-                        gate.begin_pass()
-                        for layer, launches in binding.layer_launches(fmt):
-                            binding.load_chunks(fmt, hosts, slots, launches)
-                            gate.mark(layer, binding.streams.load_event())
-                            binding.counters.layers_loaded += 1
+                corrupt = load_by_layer(binding, fmt, hosts, slots, gate)
             if corrupt:
                 binding.counters.objects_corrupt += len(corrupt)
                 report_corrupt([(starts[i], ends[i]) for i in corrupt])
@@ -158,3 +152,25 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             binding.counters.count_groups(fmt, len(hosts), stored=False)
 
         run_guarded(kwargs, write)
+
+
+def load_by_layer(binding: LayoutBinding, fmt: ChunkFormat, hosts: list[torch.Tensor],
+                  slots: Mapping[int, torch.Tensor], gate: LayerGate) -> list[int]:
+    """Every object's pieces layer by layer, marking each layer in ``gate`` once written; the indices of corrupt
+    objects, or []. Host objects are checked stripe by stripe as each layer is written (``load_layer_checked``),
+    so a mismatch can stop the load after earlier layers were marked: those hold verified bytes, and the failed
+    load's blocks are recomputed. Otherwise every object is checked before the first layer."""
+    checks = binding.object_checks(fmt, hosts)
+    corrupt = binding.corrupt(fmt, hosts) if checks is None else []
+    if corrupt:
+        return corrupt
+    with binding.streams.loading():
+        gate.begin_pass()
+        for layer, launches in binding.layer_launches(fmt):
+            if checks is None:
+                binding.load_chunks(fmt, hosts, slots, launches)
+            elif corrupt := binding.load_layer_checked(fmt, hosts, slots, launches, checks):
+                return corrupt
+            gate.mark(layer, binding.streams.load_event())
+            binding.counters.layers_loaded += 1
+    return [] if checks is None else binding.unmatched(fmt, checks)

@@ -8,15 +8,20 @@ import time
 
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layer_launches, paged_format
 from lmcache_platforms.connector.layer_gate import LayerGate
+from lmcache_platforms.connector.paged import load_by_layer
 from lmcache_platforms.kernels.contract import TransferError
+from lmcache_platforms.kernels.crc32c import native
+from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.fixtures import materialize
+from tests.connector.test_chunk_checksum import _rows_of, assert_only_checked_rows
 from tests.layout.strategies import layout_specs
 
 
@@ -136,3 +141,89 @@ def test_a_load_gate_takes_one_pass() -> None:
     gate.begin_pass()
     with pytest.raises(TransferError, match="a layerwise load moves all its chunks in one batched call; got a second"):
         gate.begin_pass()
+
+
+def _stored(layout, seed: int):
+    """A binding on the cpu kernels, and sealed host objects of a request's chunks with their load slots."""
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], "cpu")
+    request = roundtrip.make_request(layout, layout.chunk_size * 3, seed=seed)
+    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
+    hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
+    binding.seal(fmt, hosts, binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, request.store_ids,
+                                                                                  *zip(*bounds, strict=True))))
+    return binding, fmt, hosts, binding.chunk_slots(fmt, request.load_ids, *zip(*bounds, strict=True))
+
+
+def _marked(gate: LayerGate, binding: LayoutBinding) -> list[str]:
+    return [name for name in binding.moved_layers if gate.wait(name, deadline=time.monotonic())[0]]
+
+
+def _layer_rows_intact(layout, layers: list[str], intact: list[torch.Tensor]) -> bool:
+    return all(torch.equal(now, good) for plane, now, good in zip(roundtrip.all_planes(layout), _rows_of(layout),
+                                                                  intact, strict=True) if plane.layer in layers)
+
+
+needs_native = pytest.mark.skipif(native() is None, reason="the native library is not built")
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(layout_specs(every_group=True, min_chunks=3), st.sampled_from(["bundled", "exploded"]),
+       st.randoms(use_true_random=False))
+def test_a_gated_load_checks_each_layer_as_it_writes_it(spec, mode, rng) -> None:
+    """Host objects through the gate (``load_by_layer``): intact, every layer marked and the planes as a whole
+    verified load leaves them; with one flipped payload byte, that object named, no row holding a byte that
+    failed its check, and each layer marked before the stop written whole."""
+    layout = materialize(spec, mode, seed=rng.randrange(2**16))
+    assume(layout.transfer_groups)
+    binding, fmt, hosts, slots = _stored(layout, rng.randrange(2**16))
+    assume(hosts)
+    roundtrip.zero_planes(layout)
+    assert binding.load_verified(fmt, hosts, slots) == []
+    intact = _rows_of(layout)
+    roundtrip.zero_planes(layout)
+    gate = LayerGate(binding.moved_layers)
+    assert load_by_layer(binding, fmt, hosts, slots, gate) == []
+    assert _marked(gate, binding) == list(binding.moved_layers)
+    assert all(torch.equal(a, b) for a, b in zip(_rows_of(layout), intact, strict=True))
+
+    index = rng.randrange(len(hosts))
+    hosts[index][rng.randrange(fmt.payload_bytes)] ^= 1 << rng.randrange(8)
+    roundtrip.zero_planes(layout)
+    gate = LayerGate(binding.moved_layers)
+    assert load_by_layer(binding, fmt, hosts, slots, gate) == [index]
+    assert_only_checked_rows(layout, intact)
+    assert _layer_rows_intact(layout, _marked(gate, binding), intact)
+
+
+@needs_native
+def test_a_mismatch_in_the_last_layer_stops_the_load_after_the_layers_before_it() -> None:
+    """No pass over the objects comes first: with the flipped byte in a stripe only the last layer's pieces need,
+    the layers before it are written and marked (the forward may read them: verified bytes), then the load
+    stops and names the object. Control: the same flip with the objects checked whole first marks no layer."""
+    layout = materialize(load_layout_spec("qwen3-next"), "bundled", seed=3)
+    binding, fmt, hosts, slots = _stored(layout, 5)
+    cut = list(binding.layer_launches(fmt))
+    last_name, last_pieces = cut[-1]
+    start = max(piece.offset + piece.nbytes for piece in last_pieces) - 1
+    stripe = start // checksum.STRIPE_BYTES
+    assert all((piece.offset + piece.nbytes - 1) // checksum.STRIPE_BYTES < stripe
+               for _, pieces in cut[:-1] for piece in pieces), "the last layer must own the last stripe"
+    roundtrip.zero_planes(layout)
+    assert binding.load_verified(fmt, hosts, slots) == []
+    intact = _rows_of(layout)
+    hosts[1][start] ^= 0x40
+    roundtrip.zero_planes(layout)
+    gate = LayerGate(binding.moved_layers)
+    assert load_by_layer(binding, fmt, hosts, slots, gate) == [1]
+    before = [name for name, _ in cut[:-1]]
+    assert _marked(gate, binding) == before and last_name not in before
+    assert _layer_rows_intact(layout, before, intact)
+    assert_only_checked_rows(layout, intact)
+
+    binding.object_checks = lambda fmt, hosts: None  # type: ignore[method-assign]
+    roundtrip.zero_planes(layout)
+    gate = LayerGate(binding.moved_layers)
+    assert load_by_layer(binding, fmt, hosts, slots, gate) == [1]
+    assert _marked(gate, binding) == []
