@@ -339,14 +339,7 @@ int lmcp_crc_folds(void) {
 }
 
 uint32_t lmcp_crc_copy_fold(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc, int stream) {
-    pthread_once(&table_once, build_tables);
-#if defined(LMCP_FOLD)
-    const int width = fold_width(), mode = stream ? LMCP_CRC_STREAM : LMCP_CRC_COPY;
-    if (width == 512 && n >= 512) return fold_any(dst, src, src, n, crc, mode, 256);
-    if (width == 128 && n >= 256) return fold_any(dst, src, src, n, crc, mode, 64);
-#endif
-    memcpy(dst, src, n);
-    return crc_any(crc, src, n);
+    return lmcp_crc_copy_beside(dst, src, n, src, crc, stream); /* fold_any loads each byte once when hash == src */
 }
 
 uint32_t lmcp_crc_copy_beside(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t *hash, uint32_t crc,
