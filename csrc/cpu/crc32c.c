@@ -261,6 +261,8 @@ static atomic_int vectors_allowed = 512;
 
 /* x^(8 * 2^i) mod P, reflected: moving a CRC state past 2^i bytes multiplies it by power_of_bytes[i]. */
 static uint32_t power_of_bytes[64];
+/* x^(8 * 2^i - 32) mod P for i >= 2, the same for multiply_clmul. */
+static uint32_t power_of_bytes_less_32[64];
 
 /* a * b mod P, both reflected (bit 31 holds x^0). */
 static uint32_t multiply(uint32_t a, uint32_t b) {
@@ -283,7 +285,10 @@ static uint32_t x_to_the(uint64_t n) {
 
 static void build_tables(void) {
     build_table();
-    for (int i = 0; i < 64; i++) power_of_bytes[i] = i < 61 ? x_to_the((uint64_t)8 << i) : 0;
+    for (int i = 0; i < 64; i++) {
+        power_of_bytes[i] = i < 61 ? x_to_the((uint64_t)8 << i) : 0;
+        power_of_bytes_less_32[i] = i >= 2 && i < 61 ? x_to_the(((uint64_t)8 << i) - 32) : 0;
+    }
 #if defined(LMCP_FOLD)
     const int distance[FOLD_DISTANCES] = {16, 32, 48, 64, 256};
     for (int d = 0; d < FOLD_DISTANCES; d++) {
@@ -299,9 +304,31 @@ static int fold_width(void) {
     return have <= allowed ? have : allowed >= 128 && have ? 128 : 0;
 }
 
-/* `crc` moved past n zero bytes (tables built). */
+#if defined(LMCP_FOLD)
+/* a * b * x^32 mod P, both reflected: their carry-less product (one bit short of aligned) reduced by crc32. */
+FOLD128_TARGET static uint32_t multiply_clmul(uint32_t a, uint32_t b) {
+    const __m128i product = _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a), _mm_cvtsi32_si128((int)b), 0x00);
+    return (uint32_t)_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(product) << 1);
+}
+#endif
+
+/*
+ * `crc` moved past n zero bytes (tables built). With PCLMULQDQ each power of two from 4 bytes on is one
+ * carry-less multiply by x^(8 * 2^i - 32) (multiply_clmul adds the x^32), not a 32-step loop: a 64 KiB stripe
+ * hashed in three thirds took 2.8 us instead of 3.2 (one thread of an AMD EPYC, from cache, a ctypes call each).
+ */
 static uint32_t shift(uint32_t crc, int64_t n) {
-    for (int i = 0; crc && n > 0 && i < 61; i++, n >>= 1)
+    int i = 0;
+#if defined(LMCP_FOLD)
+    if (fold_width() != 0) {
+        for (; crc && n > 0 && i < 2; i++, n >>= 1)
+            if (n & 1) crc = multiply(crc, power_of_bytes[i]);
+        for (; crc && n > 0 && i < 61; i++, n >>= 1)
+            if (n & 1) crc = multiply_clmul(crc, power_of_bytes_less_32[i]);
+        return crc;
+    }
+#endif
+    for (; crc && n > 0 && i < 61; i++, n >>= 1)
         if (n & 1) crc = multiply(crc, power_of_bytes[i]);
     return crc;
 }

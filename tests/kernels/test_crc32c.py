@@ -63,11 +63,12 @@ def test_stripes_are_the_crcs_of_their_bytes(nbytes: int, stripe: int, data: st.
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.binary(min_size=0, max_size=9000), st.integers(0, 63), st.sampled_from([512, 0]))
+@given(st.binary(min_size=0, max_size=9000), st.integers(0, 63), st.sampled_from([512, 128, 0]))
 def test_the_vector_fold_agrees_with_the_table(data: bytes, offset: int, vectors: int) -> None:
     """Lengths past the 512-bit fold's start (512 bytes; 256-byte steps, a tail of any length) at every
-    alignment, and without it (the crc32 instruction, from 4 KiB on three thirds at once, joined by shifting):
-    the table's value, the definition's too. (The 128-bit fold runs inside copies only: test_hashing_store.)"""
+    alignment, and without it (the crc32 instruction, from 4 KiB on three thirds at once, joined by shifting:
+    with PCLMULQDQ allowed (128) by carry-less multiplies, else bit by bit): the table's value, the definition's
+    too. (The 128-bit fold runs inside copies only: test_hashing_store.)"""
     lib = native()
     assert lib is not None
     buf = _tensor(bytes(offset) + data)
@@ -75,5 +76,21 @@ def test_the_vector_fold_agrees_with_the_table(data: bytes, offset: int, vectors
     previous = lib.allow_vectors(vectors)
     try:
         assert lib.crc(address, len(data)) == lib.portable_crc(address, len(data)) == reference(data)
+    finally:
+        lib.allow_vectors(previous)
+
+
+@pytest.mark.parametrize("vectors", [512, 128, 0], ids=["fold512", "fold128", "no-fold"])
+@pytest.mark.parametrize("nbytes", [4096, 4097, 6001, 9000, 65536, 3 * 65536 + 5])
+def test_long_buffers_agree_with_the_table(vectors: int, nbytes: int) -> None:
+    """Lengths where the crc32 instruction hashes three thirds at once: their join (carry-less multiplies with
+    PCLMULQDQ allowed, else bit by bit) gives the table's value; also under the 512-bit fold."""
+    lib = native()
+    assert lib is not None
+    buf = torch.randint(0, 256, (nbytes + 3,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    previous = lib.allow_vectors(vectors)
+    try:
+        for start in (0, 3):
+            assert lib.crc(buf.data_ptr() + start, nbytes) == lib.portable_crc(buf.data_ptr() + start, nbytes)
     finally:
         lib.allow_vectors(previous)
