@@ -10,9 +10,10 @@
  * 2010) fold the same way with four 128-bit lanes, 64 bytes per step. Otherwise the crc32 instruction runs on
  * three stripes (or thirds of one buffer) at once, since one stream is bound by its 3-cycle latency; aarch64
  * CPUs with the CRC extension (ARMv8.1 on, and most ARMv8.0 server cores) do the same with their crc32c
- * instruction; elsewhere a table (eight bytes per step). Pieces hashed apart are joined by shifting (lmcp_crc_merge; the CRC is
- * linear: a piece's state moves past n more bytes by a multiplication with x^(8n) mod P). Called from several
- * threads at once; it keeps no state but its tables, built once.
+ * instruction; elsewhere a table (eight bytes per step). Pieces hashed apart are joined by shifting
+ * (lmcp_crc_merge; the CRC is linear: a piece's state moves past n more bytes by a multiplication with
+ * x^(8n) mod P, carry-less where the CPU can). Called from several threads at once; it keeps no state but its
+ * tables, built once.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,6 +27,7 @@
 #define CRC_U8(c, b) _mm_crc32_u8((c), (b))
 #elif defined(__aarch64__) && defined(__linux__)
 #include <arm_acle.h>
+#include <arm_neon.h>
 #include <sys/auxv.h>
 #define LMCP_CRC_HW 1
 #define CRC_HW_TARGET __attribute__((target("+crc")))
@@ -304,23 +306,40 @@ static int fold_width(void) {
     return have <= allowed ? have : allowed >= 128 && have ? 128 : 0;
 }
 
-#if defined(LMCP_FOLD)
 /* a * b * x^32 mod P, both reflected: their carry-less product (one bit short of aligned) reduced by crc32. */
+#if defined(LMCP_FOLD)
+#define LMCP_CLMUL 1
 FOLD128_TARGET static uint32_t multiply_clmul(uint32_t a, uint32_t b) {
     const __m128i product = _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a), _mm_cvtsi32_si128((int)b), 0x00);
     return (uint32_t)_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(product) << 1);
 }
+
+/* Whether shifts multiply carry-lessly: PCLMULQDQ, unless tests capped the vectors at 0. */
+static int multiplies_carryless(void) { return fold_width() != 0; }
+#elif defined(LMCP_CRC_HW) && defined(__aarch64__)
+#define LMCP_CLMUL 1
+__attribute__((target("+crc+crypto"))) static uint32_t multiply_clmul(uint32_t a, uint32_t b) {
+    const poly128_t product = vmull_p64((poly64_t)a, (poly64_t)b);
+    return __crc32cd(0, (uint64_t)product << 1);
+}
+
+/* PMULL (HWCAP_PMULL of the kernel's aarch64 hwcaps) and the crc32c instruction, unless tests capped the
+   vectors at 0. */
+static int multiplies_carryless(void) {
+    return have_hw() && (getauxval(AT_HWCAP) & (1UL << 4)) && atomic_load(&vectors_allowed) != 0;
+}
 #endif
 
 /*
- * `crc` moved past n zero bytes (tables built). With PCLMULQDQ each power of two from 4 bytes on is one
- * carry-less multiply by x^(8 * 2^i - 32) (multiply_clmul adds the x^32), not a 32-step loop: a 64 KiB stripe
- * hashed in three thirds took 2.8 us instead of 3.2 (one thread of an AMD EPYC, from cache, a ctypes call each).
+ * `crc` moved past n zero bytes (tables built). With PCLMULQDQ (PMULL on aarch64) each power of two from 4
+ * bytes on is one carry-less multiply by x^(8 * 2^i - 32) (multiply_clmul adds the x^32), not a 32-step loop:
+ * a 64 KiB stripe hashed in three thirds took 2.8 us instead of 3.2 (one thread of an AMD EPYC, from cache, a
+ * ctypes call each).
  */
 static uint32_t shift(uint32_t crc, int64_t n) {
     int i = 0;
-#if defined(LMCP_FOLD)
-    if (fold_width() != 0) {
+#if defined(LMCP_CLMUL)
+    if (multiplies_carryless()) {
         for (; crc && n > 0 && i < 2; i++, n >>= 1)
             if (n & 1) crc = multiply(crc, power_of_bytes[i]);
         for (; crc && n > 0 && i < 61; i++, n >>= 1)

@@ -1,6 +1,6 @@
 """The CRC-32C paths of a CPU this machine is not: aarch64 (Ascend hosts are often Kunpeng servers), its crc32c
-instruction against the table, built with a cross compiler and run under qemu. Without those tools the tests skip,
-and fail under CI (tests/ci.py)."""
+instruction (and PMULL joining thirds) against the table, built with a cross compiler and run under qemu.
+Without those tools the tests skip, and fail under CI (tests/ci.py)."""
 
 from __future__ import annotations
 
@@ -42,11 +42,15 @@ def test_the_whole_native_library_builds_for_aarch64(tmp_path):
                    check=True, capture_output=True, text=True)
 
 
-def test_a_planted_fault_is_caught(tmp_path):
-    """Negative control: the plain CRC-32 instruction (another polynomial) in place of crc32c differs."""
+@pytest.mark.parametrize("fault, planted", [
+    ("the plain CRC-32 instruction (another polynomial) in place of crc32c", ("__crc32cd(", "__crc32d(")),
+    ("PMULL's product not aligned before its reduction", ("(uint64_t)product << 1", "(uint64_t)product")),
+], ids=["crc32-instruction", "pmull-alignment"])
+def test_a_planted_fault_is_caught(tmp_path, fault: str, planted: tuple[str, str]):
+    """Negative controls: each fault changes values the driver compares."""
     source = (ROOT / "csrc" / "cpu" / "crc32c.c").read_text()
-    assert "__crc32cd(" in source
-    planted = tmp_path / "crc32c.c"
-    planted.write_text(source.replace("__crc32cd(", "__crc32d("))
-    out = _run(planted, tmp_path)
-    assert out.startswith("hardware 1 check ") and not out.endswith("mismatches 0"), out
+    assert source.count(planted[0]) >= 1, fault
+    changed = tmp_path / "crc32c.c"
+    changed.write_text(source.replace(*planted))
+    out = _run(changed, tmp_path)
+    assert out.startswith("hardware 1 check ") and not out.endswith("mismatches 0"), (fault, out)
