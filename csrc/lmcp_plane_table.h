@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#define LMCP_ABI_VERSION 1
+#define LMCP_ABI_VERSION 2
 #define LMCP_PLANE_FIELDS 9
 
 /* Offset of each field in one int64 table row. */

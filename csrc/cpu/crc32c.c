@@ -11,8 +11,8 @@
  * three stripes (or thirds of one buffer) at once, since one stream is bound by its 3-cycle latency; aarch64
  * CPUs with the CRC extension (ARMv8.1 on, and most ARMv8.0 server cores) do the same with their crc32c
  * instruction; elsewhere a table (eight bytes per step). Pieces hashed apart are joined by shifting
- * (lmcp_crc_merge; the CRC is linear: a piece's state moves past n more bytes by a multiplication with
- * x^(8n) mod P, carry-less where the CPU can). Called from several threads at once; it keeps no state but its
+ * (lmcp_crc_merge; the CRC is linear: a piece's state moves past the n bytes after it in its stripe by a
+ * multiplication with x^(8n) mod P, carry-less where the CPU can, so pieces join in any order). Called from several threads at once; it keeps no state but its
  * tables, built once.
  */
 #include <pthread.h>
@@ -400,11 +400,12 @@ uint32_t lmcp_crc_copy_beside(uint8_t *dst, const uint8_t *src, size_t n, const 
     return crc_any(crc, hash, n);
 }
 
-int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens) {
+int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, int64_t payload, uint32_t *acc,
+                   int64_t *lens) {
     pthread_once(&table_once, build_tables);
-    const int64_t k = offset / stripe;
-    if (len < 0 || offset != k * stripe + lens[k] || lens[k] + len > stripe) return -1;
-    acc[k] = shift(acc[k], len) ^ crc;
+    const int64_t k = offset / stripe, end = (k + 1) * stripe < payload ? (k + 1) * stripe : payload;
+    if (len < 0 || offset + len > end || lens[k] + len > end - k * stripe) return -1;
+    acc[k] ^= shift(crc, end - offset - len);
     lens[k] += len;
     return 0;
 }
@@ -473,16 +474,16 @@ void lmcp_crc32c_stripes(const uint8_t *data, int64_t n, int64_t stripe, int64_t
 }
 
 /*
- * Adds data[0, n), the object's bytes at `offset`, to the stripe states acc/lens (one uint32 and one int64
- * per stripe, zeroed before the object's first bytes); an object's bytes must come in order. 0, or -1 when
- * they come out of order.
+ * Adds data[0, n), the `payload`-byte object's bytes at `offset`, to the stripe states acc/lens (one uint32
+ * and one int64 per stripe, zeroed before the object's first bytes); an object's bytes may come in any order.
+ * 0, or -1 when they overrun a stripe (bytes beyond the payload, or more than once).
  */
-int lmcp_crc32c_accumulate(const uint8_t *data, int64_t n, int64_t offset, int64_t stripe, uint32_t *acc,
-                           int64_t *lens) {
+int lmcp_crc32c_accumulate(const uint8_t *data, int64_t n, int64_t offset, int64_t stripe, int64_t payload,
+                           uint32_t *acc, int64_t *lens) {
     pthread_once(&table_once, build_tables);
     while (n > 0) {
         const int64_t room = (offset / stripe + 1) * stripe - offset, m = n < room ? n : room;
-        if (lmcp_crc_merge(offset, m, crc_any(0, data, (size_t)m), stripe, acc, lens) != 0) return -1;
+        if (lmcp_crc_merge(offset, m, crc_any(0, data, (size_t)m), stripe, payload, acc, lens) != 0) return -1;
         data += m, offset += m, n -= m;
     }
     return 0;

@@ -1,7 +1,7 @@
 /*
  * The CRC-32C pieces the transfer kernel (kv_transfer.c) hashes a store with, from crc32c.c. A "raw" state
  * is the CRC register without the initial value or final inversion: lmcp_crc_raw(0, ...) of a piece, joined
- * to the pieces before it in its stripe by lmcp_crc_merge.
+ * to the other pieces of its stripe by lmcp_crc_merge.
  */
 #ifndef LMCP_CRC32C_H
 #define LMCP_CRC32C_H
@@ -32,10 +32,12 @@ uint32_t lmcp_crc_copy_beside(uint8_t *dst, const uint8_t *src, size_t n, const 
                               int stream);
 
 /*
- * Joins the raw state `crc` of the `len` bytes at object `offset` (inside one stripe) to that stripe's state
- * acc[k] / lens[k]. 0, or -1 when the piece does not follow the stripe's bytes so far.
+ * Joins the raw state `crc` of the `len` bytes at offset `offset` (inside one stripe) of a `payload`-byte
+ * object to that stripe's state acc[k] / lens[k], in any order: acc[k] is the xor of each piece's state moved
+ * past the stripe's bytes after it. 0, or -1 when the piece overruns the stripe.
  */
-int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, uint32_t *acc, int64_t *lens);
+int lmcp_crc_merge(int64_t offset, int64_t len, uint32_t crc, int64_t stripe, int64_t payload, uint32_t *acc,
+                   int64_t *lens);
 
 /*
  * A checked load's stripes: each is hashed once, by the first thread whose rows need it, and compared with

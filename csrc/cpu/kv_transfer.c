@@ -767,16 +767,16 @@ int lmcp_transfer(const lmcp_plane *planes, int64_t num_planes, const int64_t *s
 }
 
 /*
- * lmcp_transfer's store that also hashes every byte it writes into `buffer`, which holds the object's bytes
- * from object offset `origin`: each `stripe`-byte stripe's raw CRC state joins acc/lens (lmcp_crc_merge;
- * zeroed for the object's first bytes, and an object's calls made in offset order), which
+ * lmcp_transfer's store that also hashes every byte it writes into `buffer`, which holds the bytes of a
+ * `payload`-byte object from object offset `origin`: each `stripe`-byte stripe's raw CRC state joins acc/lens
+ * (lmcp_crc_merge; zeroed for the object's first bytes; an object's calls in any order, each byte once), which
  * lmcp_crc32c_finish turns into the stripes' CRC-32Cs. Returns 0; -1 for a bad argument, -2 when out of
- * memory (nothing moved), -3 or -4 for a bug (a grab's pieces miscounted, or out of order).
+ * memory (nothing moved), -3 or -4 for a bug (a grab's pieces miscounted, or overrunning a stripe).
  */
 int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots, int64_t slots_plane_stride,
                       int64_t num_rows, uint8_t *buffer, int num_threads, int64_t origin, int64_t stripe,
-                      uint32_t *acc, int64_t *lens) {
-    if (stripe <= 0 || origin < 0) return -1;
+                      int64_t payload, uint32_t *acc, int64_t *lens) {
+    if (stripe <= 0 || origin < 0 || payload <= 0) return -1;
     lmcp_job job;
     const int threads =
         plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_STORE, num_threads,
@@ -803,7 +803,8 @@ int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_
     run_job(&job, threads);
     int status = atomic_load(&job.miscounted) ? -3 : 0;
     for (int64_t i = 0; status == 0 && i < base[grabs]; ++i) {
-        if (lmcp_crc_merge(pieces[i].offset, pieces[i].len, pieces[i].crc, stripe, acc, lens) != 0) status = -4;
+        if (lmcp_crc_merge(pieces[i].offset, pieces[i].len, pieces[i].crc, stripe, payload, acc, lens) != 0)
+            status = -4;
     }
     free(pieces);
     free(base);

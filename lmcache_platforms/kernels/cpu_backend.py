@@ -46,7 +46,7 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.lmcp_transfer.restype = ctypes.c_int
-    lib.lmcp_transfer_crc.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, i64, vp, vp]
+    lib.lmcp_transfer_crc.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, i64, i64, vp, vp]
     lib.lmcp_transfer_crc.restype = ctypes.c_int
     lib.lmcp_transfer_checked.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, vp, i64, i64, vp, vp]
     lib.lmcp_transfer_checked.restype = ctypes.c_int
@@ -97,7 +97,8 @@ class CpuBackend(KernelBackend):
             stripes.feed(buffer, offset)
             return
         status = lib.lmcp_transfer_crc(*call.args, torch.get_num_threads(), offset, stripes.stripe,
-                                       stripes.registers.data_ptr(), stripes.lengths.data_ptr())
+                                       stripes.payload_bytes, stripes.registers.data_ptr(),
+                                       stripes.lengths.data_ptr())
         if status == -2:
             raise MemoryError("the native store could not allocate its list of hashed pieces")
         if status != 0:

@@ -37,7 +37,7 @@ class NativeCrc32c:
         self._portable.argtypes, self._portable.restype = [vp, i64], ctypes.c_uint32
         self.hardware = bool(lib.lmcp_crc32c_hardware())
         self._accumulate = lib.lmcp_crc32c_accumulate
-        self._accumulate.argtypes, self._accumulate.restype = [vp, i64, i64, i64, vp, vp], ctypes.c_int
+        self._accumulate.argtypes, self._accumulate.restype = [vp, i64, i64, i64, i64, vp, vp], ctypes.c_int
         self._finish = lib.lmcp_crc32c_finish
         self._finish.argtypes, self._finish.restype = [i64, i64, vp, vp, vp], ctypes.c_int
         self._allow_vectors = lib.lmcp_crc32c_allow_vectors
@@ -56,10 +56,11 @@ class NativeCrc32c:
         CPU has; returns the previous cap."""
         return int(self._allow_vectors(widest))
 
-    def accumulate(self, address: int, nbytes: int, offset: int, stripe: int, registers: int, lengths: int) -> int:
-        """Adds the ``nbytes`` at ``address`` (payload offset ``offset``) to the stripe state at ``registers`` /
-        ``lengths``; 0, or -1 when they do not follow the bytes hashed so far."""
-        return int(self._accumulate(address, nbytes, offset, stripe, registers, lengths))
+    def accumulate(self, address: int, nbytes: int, offset: int, stripe: int, payload_bytes: int, registers: int,
+                   lengths: int) -> int:
+        """Adds the ``nbytes`` at ``address`` (payload offset ``offset``, in any order) to the stripe state at
+        ``registers`` / ``lengths``; 0, or -1 when they overrun a stripe."""
+        return int(self._accumulate(address, nbytes, offset, stripe, payload_bytes, registers, lengths))
 
     def finish(self, payload_bytes: int, stripe: int, registers: int, lengths: int, out: int) -> int:
         """The stripes' CRC-32Cs from their state into uint32s at ``out``; 0, or -1 when a stripe's bytes did
@@ -103,8 +104,8 @@ class NativeCrc32c:
 
 
 class ObjectStripes:
-    """The stripe CRC-32Cs of one object's payload, built from its bytes in order (each stripe's CRC register
-    and byte count so far, in host memory the native code writes)."""
+    """The stripe CRC-32Cs of one object's payload, built from its bytes in any order, each byte once (each
+    stripe's CRC register and byte count so far, in host memory the native code writes)."""
 
     def __init__(self, lib: NativeCrc32c, payload_bytes: int, stripe: int) -> None:
         self.lib, self.payload_bytes, self.stripe = lib, payload_bytes, stripe
@@ -113,12 +114,13 @@ class ObjectStripes:
         self.lengths = torch.zeros(count, dtype=torch.int64)
 
     def feed(self, data: torch.Tensor, offset: int) -> None:
-        """Adds ``data`` (host, contiguous), the payload's bytes at ``offset``, right after the last ones."""
-        status = self.lib.accumulate(data.data_ptr(), data.numel() * data.element_size(), offset, self.stripe,
+        """Adds ``data`` (host, contiguous), the payload's bytes at ``offset``."""
+        nbytes = data.numel() * data.element_size()
+        status = self.lib.accumulate(data.data_ptr(), nbytes, offset, self.stripe, self.payload_bytes,
                                      self.registers.data_ptr(), self.lengths.data_ptr())
         if status != 0:
-            raise RuntimeError(f"payload bytes at offset {offset} do not follow the {int(self.lengths.sum())} "
-                               "hashed before them")
+            raise RuntimeError(f"payload bytes [{offset}, {offset + nbytes}) overrun the {self.payload_bytes}-byte "
+                               f"payload's stripes, {int(self.lengths.sum())} bytes hashed before them")
 
     def finish(self, out: torch.Tensor) -> None:
         """Writes the stripes' CRC-32Cs into ``out`` (int32, one per stripe, contiguous) once every payload byte

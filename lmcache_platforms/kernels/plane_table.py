@@ -37,8 +37,9 @@ _FIELD_NOTES = {
 }
 FIELDS = tuple(_FIELD_NOTES)
 FIELD = {name: offset for offset, name in enumerate(FIELDS)}
-# Reported by every native library built from csrc; bump whenever FIELDS changes, so a stale build is refused.
-ABI_VERSION = 1
+# Reported by every native library built from csrc; bump whenever FIELDS or a native entry point's arguments
+# change, so a stale build is refused.
+ABI_VERSION = 2
 HEADER_PATH = "csrc/lmcp_plane_table.h"
 
 

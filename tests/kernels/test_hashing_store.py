@@ -111,8 +111,39 @@ def test_a_planted_fault_is_caught():
     with pytest.raises(RuntimeError, match=f"{obj.numel()} payload bytes were hashed, the object has "
                                            f"{obj.numel() + 1}"):
         stripes.finish(torch.zeros_like(stripes.registers))
-    with pytest.raises(RuntimeError, match="payload bytes at offset 5 do not follow the 12288 hashed before them"):
+    with pytest.raises(RuntimeError, match=r"payload bytes \[5, 8\) overrun the 12289-byte payload's stripes, "
+                                           "12288 bytes hashed before them"):
         stripes.feed(obj[:3], 5)
+
+
+@PATHS
+@settings(max_examples=40, deadline=None)
+@given(nbytes=st.integers(1, 300_000), stripe=st.sampled_from([1, 7, 4096, 65536]), data=st.data())
+def test_pieces_join_in_any_order(vectors, nbytes, stripe, data):
+    """An object's bytes fed in pieces cut anywhere, in any order (a layer-by-layer store hashes each layer's
+    pieces as the forward writes them): the stripes of a pass over the object. Negative control: with the last
+    piece left out and the first fed twice, each step is refused or finishes with other stripes."""
+    obj = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, nbytes - 1), max_size=12)) if nbytes > 1 else []))
+    pieces = list(zip([0, *cuts], [*cuts, nbytes], strict=True))
+    order = data.draw(st.permutations(range(len(pieces))))
+    with crc_path(vectors):
+        stripes = native_crc().object_stripes(nbytes, stripe)
+        for index in order:
+            start, end = pieces[index]
+            stripes.feed(obj[start:end], start)
+        out = torch.zeros_like(stripes.registers)
+        stripes.finish(out)
+        assert torch.equal(out, stripes_of(obj, stripe))
+        if len(pieces) > 1:
+            twice = native_crc().object_stripes(nbytes, stripe)
+            for start, end in [*pieces[:-1], pieces[0]]:
+                try:
+                    twice.feed(obj[start:end], start)
+                    twice.finish(out)
+                except RuntimeError:
+                    continue
+                assert not torch.equal(out, stripes_of(obj, stripe))
 
 
 def test_a_hashing_store_as_the_first_crc_of_a_process():

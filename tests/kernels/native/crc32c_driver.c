@@ -1,8 +1,9 @@
 /*
  * Compares crc32c.c's paths on the CPU it runs on (built for another one and run under an emulator by
  * test_crc32c_cross.py): whole buffers (the instruction, three thirds joined by shifting), stripes three at a
- * time, and pieces joined per stripe, each against the table, over lengths and alignments; shifts multiplied
- * carry-lessly, then bit by bit (vectors capped at 0). Prints "hardware H check C mismatches M".
+ * time, and pieces joined per stripe (fed last first), each against the table, over lengths and alignments;
+ * shifts multiplied carry-lessly, then bit by bit (vectors capped at 0). Prints "hardware H check C
+ * mismatches M".
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -13,8 +14,8 @@ uint32_t lmcp_crc32c(const uint8_t *data, int64_t n);
 uint32_t lmcp_crc32c_portable(const uint8_t *data, int64_t n);
 int lmcp_crc32c_hardware(void);
 void lmcp_crc32c_stripes(const uint8_t *data, int64_t n, int64_t stripe, int64_t first, int64_t last, uint32_t *out);
-int lmcp_crc32c_accumulate(const uint8_t *data, int64_t n, int64_t offset, int64_t stripe, uint32_t *acc,
-                           int64_t *lens);
+int lmcp_crc32c_accumulate(const uint8_t *data, int64_t n, int64_t offset, int64_t stripe, int64_t payload,
+                           uint32_t *acc, int64_t *lens);
 int lmcp_crc32c_finish(int64_t payload, int64_t stripe, const uint32_t *acc, const int64_t *lens, uint32_t *out);
 int lmcp_crc32c_allow_vectors(int widest);
 
@@ -36,10 +37,12 @@ static long compare(void) {
         uint32_t got[8], acc[8] = {0}, joined[8];
         int64_t lens[8] = {0};
         lmcp_crc32c_stripes(data + 3, n, stripe, 0, count, got);
-        for (int64_t at = 0, piece = 1; at < n; at += piece, piece = piece * 3 + 1) {
-            const int64_t m = n - at < piece ? n - at : piece;
-            mismatches += lmcp_crc32c_accumulate(data + 3 + at, m, at, stripe, acc, lens) != 0;
-        }
+        int64_t cut[32], pieces = 0; /* pieces of growing length, fed last first */
+        for (int64_t at = 0, piece = 1; at < n; at += piece, piece = piece * 3 + 1) cut[pieces++] = at;
+        cut[pieces] = n;
+        for (int64_t p = pieces - 1; p >= 0; p--)
+            mismatches += lmcp_crc32c_accumulate(data + 3 + cut[p], cut[p + 1] - cut[p], cut[p], stripe, n, acc,
+                                                 lens) != 0;
         mismatches += lmcp_crc32c_finish(n, stripe, acc, lens, joined) != 0;
         for (int64_t k = 0; k < count; k++) {
             const int64_t len = n - k * stripe < stripe ? n - k * stripe : stripe;
