@@ -198,20 +198,40 @@ class LayoutBinding:
         return checksum.mismatched(hosts, fmt.payload_bytes)
 
     def store_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     launches: Sequence[Launch] | None = None) -> torch.Tensor | None:
+                     launches: Sequence[Launch] | None = None,
+                     hashing: Sequence[ObjectStripes] | None = None) -> torch.Tensor | None:
         """Planes -> every object of ``hosts`` (the MemoryObjs' bytes; ``slots`` from ``chunk_slots``); call
         inside ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``).
         Staged through device scratch, each launch moves a scratch-full of chunks at once (see
         ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object. Whole chunks staged on a GPU are
         hashed there too: returns their stripe CRCs for ``seal`` (pinned host memory, final once the store stream
         is finished); whole chunks stored straight into host objects get them from the store kernels, which hash
-        each byte as they copy it (``KernelBackend.store_hashed``); else None."""
+        each byte as they copy it (``KernelBackend.store_hashed``); else None. ``hashing`` (``layer_stripes``):
+        the objects' stripe states one layer's pieces add to, hashed as they are copied too."""
         stripes = None
         if launches is None and self.scratch:
             stripes = self._stripes_on_device(fmt, len(hosts))
         elif launches is None:
             stripes = checksum.stripe_room(fmt.payload_bytes, len(hosts))
-        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches, stripes)
+        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches, stripes, hashing)
+        return stripes
+
+    def layer_stripes(self, fmt: ChunkFormat, objects: int) -> list[ObjectStripes] | None:
+        """For a layer-by-layer store into host objects: each object's stripe state, which every layer's
+        ``store_chunks(..., hashing=)`` adds to as its kernels copy (pieces join in any order); then
+        ``finish_stripes`` gives ``seal`` their CRCs. None when the chunks are staged on a device or the native
+        CRC-32C is missing: ``seal`` then hashes the objects in a pass."""
+        if self.scratch or not checksum.stripes_are_crc32c():
+            return None
+        return [checksum.object_stripes(fmt.payload_bytes) for _ in range(objects)]
+
+    @staticmethod
+    def finish_stripes(fmt: ChunkFormat, hashing: Sequence[ObjectStripes]) -> torch.Tensor:
+        """The stripe CRCs of objects every layer of which was stored with ``hashing``, for ``seal``."""
+        stripes = checksum.stripe_room(fmt.payload_bytes, len(hashing))
+        assert stripes is not None, "layer_stripes made them, so the native CRC-32C is there"
+        for index, hashed in enumerate(hashing):
+            hashed.finish(stripes[index])
         return stripes
 
     def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
@@ -308,15 +328,16 @@ class LayoutBinding:
         return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
 
     def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     direction: Direction, launches: Sequence[Launch] | None,
-                     stripes: torch.Tensor | None) -> list[int]:
+                     direction: Direction, launches: Sequence[Launch] | None, stripes: torch.Tensor | None,
+                     hashing: Sequence[ObjectStripes] | None = None) -> list[int]:
         """Returns the corrupt objects' indices when a load checks ``stripes`` (before any launch); stores fill
-        them."""
+        them, or add to ``hashing`` (host objects)."""
         self._check_usable()
         moved = fmt.launches if launches is None else tuple(launches)
         if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
             for index, host in enumerate(hosts):
-                hashed = checksum.object_stripes(fmt.payload_bytes) if stripes is not None else None
+                hashed = hashing[index] if hashing is not None else (
+                    checksum.object_stripes(fmt.payload_bytes) if stripes is not None else None)
                 for launch in moved:
                     region = host[launch.offset : launch.offset + launch.nbytes]
                     if hashed is None:

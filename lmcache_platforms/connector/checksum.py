@@ -9,10 +9,11 @@ table only when its CRC matches the trailer (``LayoutBinding.load_verified`` say
 
 The checksum is the CRC-32C of the table, the list of CRC-32Cs of the payload's 64 KiB stripes. A whole-chunk
 store into host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it
-(``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``), and a load from host objects checks
+(``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``; layer by layer too, the pieces joining in
+any order: ``LayoutBinding.layer_stripes``), and a load from host objects checks
 each stripe against the table just before its rows are written (``object_check``,
 ``KernelBackend.load_checked``, also layer by layer: ``LayoutBinding.load_layer_checked``): no second pass
-over the object either way. Otherwise (a layer-by-layer store, a load staged on a device that cannot hash) the
+over the object either way. Otherwise (a store or load staged on a device that cannot hash) the
 native CPU library hashes the objects (``kernels.crc32c``: an AVX-512 carry-less fold, or the
 CRC-32C instruction of x86-64 or aarch64 on three stripes at once) on as many threads as the kernels use; for
 chunks the connector stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same

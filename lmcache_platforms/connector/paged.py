@@ -113,10 +113,13 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                 stripes = binding.store_chunks(fmt, hosts, slots)
             else:
                 cut = dict(binding.layer_launches(fmt))
+                hashing = binding.layer_stripes(fmt, len(hosts))
                 for layer, event in gate.as_marked(list(cut)):
                     binding.streams.store_after(event)
-                    binding.store_chunks(fmt, hosts, slots, cut[layer])
+                    binding.store_chunks(fmt, hosts, slots, cut[layer], hashing)
                     binding.counters.layers_stored += 1
+                if hashing is not None:
+                    stripes = binding.finish_stripes(fmt, hashing)
         binding.streams.finish_store()
         binding.seal(fmt, hosts, stripes)
         binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0

@@ -227,3 +227,43 @@ def test_a_mismatch_in_the_last_layer_stops_the_load_after_the_layers_before_it(
     gate = LayerGate(binding.moved_layers)
     assert load_by_layer(binding, fmt, hosts, slots, gate) == [1]
     assert _marked(gate, binding) == []
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(layout_specs(every_group=True, min_chunks=1), st.sampled_from(["bundled", "exploded"]),
+       st.sampled_from(["cpu", "torch"]), st.randoms(use_true_random=False))
+def test_a_layer_by_layer_store_hashes_its_pieces_in_any_order(spec, mode, backend, rng) -> None:
+    """Stored a layer at a time in any order, each piece hashed as its kernels copy it (``layer_stripes``):
+    the stripes of a pass over the finished objects, so ``seal`` writes the same trailer. Negative control: a
+    byte changed between the store and the seal is not in them, so that object fails its check."""
+    layout = materialize(spec, mode, seed=rng.randrange(2**16))
+    assume(layout.transfer_groups)
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], backend)
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=rng.randrange(2**16))
+    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
+    assume(bounds)
+    slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
+    cut = list(binding.layer_launches(fmt))
+
+    def stored() -> tuple[list[torch.Tensor], torch.Tensor]:
+        hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
+        hashing = binding.layer_stripes(fmt, len(hosts))
+        assert hashing is not None
+        for _, launches in rng.sample(cut, len(cut)):
+            binding.store_chunks(fmt, hosts, slots, launches, hashing)
+        return hosts, binding.finish_stripes(fmt, hashing)
+
+    hosts, stripes = stored()
+    passed = [host.clone() for host in hosts]
+    binding.seal(fmt, hosts, stripes)
+    checksum.seal(passed, fmt.payload_bytes)
+    assert all(torch.equal(a, b) for a, b in zip(hosts, passed, strict=True))
+    assert binding.corrupt(fmt, hosts) == []
+
+    hosts, stripes = stored()
+    changed = rng.randrange(len(hosts))
+    hosts[changed][rng.randrange(fmt.payload_bytes)] ^= 0x10
+    binding.seal(fmt, hosts, stripes)
+    assert binding.corrupt(fmt, hosts) == [changed]
