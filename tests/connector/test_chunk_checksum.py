@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.checksum import tail_bytes
-from lmcache_platforms.connector.chunk_format import paged_format
+from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.connector.verified_loads import ChecksumMismatch
@@ -58,6 +58,19 @@ def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pyte
         flats[index][where] ^= 1
 
 
+def bound_request(spec, mode: str, backend: str, rng) -> tuple[ChunkFormat, LayoutBinding, list, dict]:
+    """A layout drawn from ``spec`` bound on ``backend``, a request's chunk bounds and their store slots (the
+    example is skipped when the layout moves nothing or the request fills no chunk)."""
+    layout = materialize(spec, mode, seed=rng.randrange(2**16))
+    assume(layout.transfer_groups)
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], backend)
+    request = roundtrip.make_request(layout, spec.num_tokens, seed=rng.randrange(2**16))
+    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
+    assume(bounds)
+    return fmt, binding, bounds, binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
+
+
 @settings(max_examples=25, deadline=None)
 @given(layout_specs(every_group=True, min_chunks=1), st.sampled_from(["bundled", "exploded"]),
        st.sampled_from(["cpu", "torch"]), st.randoms(use_true_random=False))
@@ -66,14 +79,7 @@ def test_a_whole_chunk_store_hashes_what_it_writes(spec, mode, backend, rng) -> 
     hashing inside its copy loops, `torch` right after its copy), and `seal` writes from them the trailer a
     pass over the finished objects writes. Negative control: a byte changed between the store and the seal is
     not in those stripes, so that object fails its check."""
-    layout = materialize(spec, mode, seed=rng.randrange(2**16))
-    assume(layout.transfer_groups)
-    fmt = paged_format(layout)
-    binding = LayoutBinding(layout, [fmt], backend)
-    request = roundtrip.make_request(layout, spec.num_tokens, seed=rng.randrange(2**16))
-    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
-    assume(bounds)
-    slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
+    fmt, binding, bounds, slots = bound_request(spec, mode, backend, rng)
     hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
     stripes = binding.store_chunks(fmt, hosts, slots)
     assert stripes is not None and stripes.shape == (len(hosts), -(-fmt.payload_bytes // checksum.STRIPE_BYTES))

@@ -21,7 +21,7 @@ from lmcache_platforms.kernels.crc32c import native
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.fixtures import materialize
-from tests.connector.test_chunk_checksum import _rows_of, assert_only_checked_rows
+from tests.connector.test_chunk_checksum import _rows_of, assert_only_checked_rows, bound_request
 from tests.layout.strategies import layout_specs
 
 
@@ -237,14 +237,7 @@ def test_a_layer_by_layer_store_hashes_its_pieces_in_any_order(spec, mode, backe
     """Stored a layer at a time in any order, each piece hashed as its kernels copy it (``layer_stripes``):
     the stripes of a pass over the finished objects, so ``seal`` writes the same trailer. Negative control: a
     byte changed between the store and the seal is not in them, so that object fails its check."""
-    layout = materialize(spec, mode, seed=rng.randrange(2**16))
-    assume(layout.transfer_groups)
-    fmt = paged_format(layout)
-    binding = LayoutBinding(layout, [fmt], backend)
-    request = roundtrip.make_request(layout, spec.num_tokens, seed=rng.randrange(2**16))
-    bounds = request.chunks(layout.chunk_size, request.stored_tokens)
-    assume(bounds)
-    slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
+    fmt, binding, bounds, slots = bound_request(spec, mode, backend, rng)
     cut = list(binding.layer_launches(fmt))
 
     def stored() -> tuple[list[torch.Tensor], torch.Tensor]:
