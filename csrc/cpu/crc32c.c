@@ -12,8 +12,8 @@
  * CPUs with the CRC extension (ARMv8.1 on, and most ARMv8.0 server cores) do the same with their crc32c
  * instruction; elsewhere a table (eight bytes per step). Pieces hashed apart are joined by shifting
  * (lmcp_crc_merge; the CRC is linear: a piece's state moves past the n bytes after it in its stripe by a
- * multiplication with x^(8n) mod P, carry-less where the CPU can, so pieces join in any order). Called from several threads at once; it keeps no state but its
- * tables, built once.
+ * multiplication with x^(8n) mod P, carry-less where the CPU can, so pieces join in any order). Called from
+ * several threads at once; it keeps no state but its tables, built once.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -131,8 +131,8 @@ FOLD128_TARGET static inline __m128i fold128(__m128i x, int d) {
 
 /* The CRC register of four 16-byte lanes in byte order (the last one's end is the bytes' end). */
 FOLD128_TARGET static inline uint32_t reduce_lanes(__m128i l0, __m128i l1, __m128i l2, __m128i l3) {
-    const __m128i lane =
-        _mm_xor_si128(_mm_xor_si128(fold128(l0, FOLD_48), fold128(l1, FOLD_32)), _mm_xor_si128(fold128(l2, FOLD_16), l3));
+    const __m128i high = _mm_xor_si128(fold128(l0, FOLD_48), fold128(l1, FOLD_32));
+    const __m128i lane = _mm_xor_si128(high, _mm_xor_si128(fold128(l2, FOLD_16), l3));
     const uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
     return (uint32_t)_mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
 }
@@ -424,11 +424,7 @@ int lmcp_crc_check(const uint8_t *object, int64_t payload, int64_t stripe, const
             atomic_store_explicit(&state[k], seen, memory_order_release);
         }
         while (seen == LMCP_STRIPE_BUSY) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#elif defined(__aarch64__)
-            __asm__ volatile("yield");
-#endif
+            lmcp_cpu_relax();
             seen = atomic_load_explicit(&state[k], memory_order_acquire);
         }
         if (seen != LMCP_STRIPE_GOOD) return 0;

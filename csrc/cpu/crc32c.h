@@ -12,6 +12,15 @@
 
 enum { LMCP_CRC_HASH = 0, LMCP_CRC_COPY = 1, LMCP_CRC_STREAM = 2 };
 
+/* One step of a spin wait (a checked load's wait for a stripe's verdict, the pool's wait for a job). */
+static inline void lmcp_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /* `crc` continued over p[0, n). */
 uint32_t lmcp_crc_raw(uint32_t crc, const uint8_t *p, size_t n);
 

@@ -221,7 +221,7 @@ class LayoutBinding:
         ``store_chunks(..., hashing=)`` adds to as its kernels copy (pieces join in any order); then
         ``finish_stripes`` gives ``seal`` their CRCs. None when the chunks are staged on a device or the native
         CRC-32C is missing: ``seal`` then hashes the objects in a pass."""
-        if self.scratch or not checksum.stripes_are_crc32c():
+        if not self._hashes_host_objects():
             return None
         return [checksum.object_stripes(fmt.payload_bytes) for _ in range(objects)]
 
@@ -252,7 +252,7 @@ class LayoutBinding:
         faster than the bus moves, and a host pass in a vLLM worker runs on one thread). Otherwise every object
         is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
-        if stripes is None and self._checks_as_it_loads():
+        if stripes is None and self._hashes_host_objects():
             return self._load_checked(fmt, hosts, slots)
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:
@@ -264,7 +264,7 @@ class LayoutBinding:
         """For a layer-by-layer load (``load_layer_checked``): each host object's stripe-by-stripe check, kept
         across the layers. None when this binding cannot check as it loads (chunks staged on a device, or no
         native CRC-32C) or an object's stripe table fails its trailer: then check them whole first (``corrupt``)."""
-        if self.hashes_on_device or not self._checks_as_it_loads():
+        if not self._hashes_host_objects():
             return None
         checks = [checksum.object_check(host, fmt.payload_bytes) for host in hosts]
         return None if None in checks else [check for check in checks if check is not None]
@@ -287,9 +287,9 @@ class LayoutBinding:
         """Indices of the objects whose stripes do not all match (hashing those not checked yet)."""
         return [index for index, check in enumerate(checks) if not check.check(0, fmt.payload_bytes)]
 
-    def _checks_as_it_loads(self) -> bool:
-        """Whether objects are checked stripe by stripe as they load: host objects (not staged on a device) and
-        the native CRC-32C built."""
+    def _hashes_host_objects(self) -> bool:
+        """Whether the kernels hash objects as they store them and check them stripe by stripe as they load them:
+        host objects (not staged on a device) and the native CRC-32C built."""
         return not self.scratch and checksum.stripes_are_crc32c()
 
     def _load_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],

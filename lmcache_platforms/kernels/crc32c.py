@@ -3,7 +3,7 @@
 A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ (inside a hashing store's copies, a 128-bit fold on
 any x86-64 CPU with PCLMULQDQ), the CRC-32C instruction (x86-64 SSE 4.2, aarch64's CRC extension) on three stripes
 at once otherwise, a table elsewhere: the same values every way. ctypes releases the GIL for the call, so several
-Python threads hash stripes in parallel. ``ObjectStripes`` builds one object's stripe CRCs from pieces in byte
+Python threads hash stripes in parallel. ``ObjectStripes`` builds one object's stripe CRCs from pieces in any
 order: what the CPU backend's hashing store (``cpu_backend.CpuBackend.store_hashed``) writes into as it copies;
 ``ObjectCheck`` is a load's check of an object stripe by stripe against the CRCs it carries
 (``cpu_backend.CpuBackend.load_checked``).
