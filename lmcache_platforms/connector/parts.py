@@ -17,7 +17,9 @@ remote) holds, evicts and returns them independently. ``parts_methods`` wraps on
   arrived (the caller recomputes), never half a hit.
 
 Which objects are held is asked for a run of chunks at once (``_held_run``; a load asks for every part's in one
-run), never one object at a time: each question to a remote store is a round trip.
+run), never one object at a time: each question to a remote store is a round trip. A load asks once: each
+part's retrieve then reads from the tiers that question found its objects in (``wrap_get_block_mapping``), where
+upstream's retrieve would ask every tier again, one more round trip per part.
 
 LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
 key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
@@ -43,6 +45,8 @@ logger = init_logger(__name__)
 PART_TAG = "lmcache.tag.lmcp_part"
 
 _active: ContextVar[int | None] = ContextVar("lmcache_platforms_chunk_part", default=None)
+# The storage manager of the parts load in progress in this thread, and the tier its check found each object in.
+_found: ContextVar[tuple[Any, Mapping[Any, str]] | None] = ContextVar("lmcache_platforms_found", default=None)
 
 
 @contextlib.contextmanager
@@ -123,24 +127,55 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
     chunks = [(part, start, key) for part, part_mask, configs in calls
               for start, _, key in engine.token_database.process_tokens(tokens=tokens, mask=part_mask,
                                                                         request_configs=configs)]
-    held = _held_run(engine.storage_manager, [key for _, _, key in chunks], None, False)[0]
+    held, where = _held_run(engine.storage_manager, [key for _, _, key in chunks], None, False)
     if held < len(chunks):
         part, start, _ = chunks[held]
         logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
                        kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
         return torch.zeros(num_tokens, dtype=torch.bool)
-    for part, part_mask, configs in calls:
-        # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
-        # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to a
-        # chunk boundary), whose window or snapshot objects the lookup did not pin and may lie in another tier.
-        call = {**kwargs, "request_configs": configs, "req_id": f"{kwargs.get('req_id')}/{part.name}"}
-        with active_part(part.index):
-            got = original(tokens, part_mask, **call)
-        if bool((part_mask & ~got.to("cpu", torch.bool)).any()):
-            logger.warning("request %s: part %s of a %d-token hit came back short: the load reports no token",
-                           kwargs.get("req_id"), part.name, num_tokens)
-            return torch.zeros(num_tokens, dtype=torch.bool)
+    found = _found.set((engine.storage_manager, {key: tier for tier, keys in where.items() for key in keys}))
+    try:
+        for part, part_mask, configs in calls:
+            # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
+            # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to
+            # a chunk boundary), whose window or snapshot objects the lookup did not pin and may lie elsewhere.
+            call = {**kwargs, "request_configs": configs, "req_id": f"{kwargs.get('req_id')}/{part.name}"}
+            with active_part(part.index):
+                got = original(tokens, part_mask, **call)
+            if bool((part_mask & ~got.to("cpu", torch.bool)).any()):
+                logger.warning("request %s: part %s of a %d-token hit came back short: the load reports no token",
+                               kwargs.get("req_id"), part.name, num_tokens)
+                return torch.zeros(num_tokens, dtype=torch.bool)
+    finally:
+        _found.reset(found)
     return wanted
+
+
+def wrap_get_block_mapping(upstream: Callable[..., dict[str, list[Any]]]) -> Callable[..., dict[str, list[Any]]]:
+    """Patch-catalog wrapper of ``StorageManager.get_block_mapping`` (which tier to read each chunk of a retrieve
+    from): inside a parts load (``_retrieve``), the tiers its check found the objects in. Upstream asks each tier
+    in turn for a prefix of the rest, so chunks held by two tiers out of their order (an early one evicted from
+    the CPU cache but on disk) were cut at the first change, and the load came back short; the check placed
+    each. A chunk it did not place is asked as upstream asks; an object gone since fails its read either way."""
+
+    def get_block_mapping(self: Any, chunk_infos: list[Any]) -> dict[str, list[Any]]:
+        found = _found.get()
+        if found is not None and found[0] is self and (by_tier := _by_tier(chunk_infos, found[1])) is not None:
+            return by_tier
+        return upstream(self, chunk_infos)
+
+    return get_block_mapping
+
+
+def _by_tier(chunk_infos: Sequence[Any], tiers: Mapping[Any, str]) -> dict[str, list[Any]] | None:
+    """``chunk_infos`` (``(key, start, end)``) grouped by the tier of each key, in their order; None if a key
+    has no tier in ``tiers``."""
+    grouped: dict[str, list[Any]] = {}
+    for info in chunk_infos:
+        if (tier := tiers.get(info[0])) is None:
+            return None
+        grouped.setdefault(tier, []).append(info)
+    return grouped
 
 
 def _held_run(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
@@ -215,8 +250,8 @@ def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size
         present: list[tuple[int | None, Callable[[int], bool]]] = []
         for part, part_keys in zip(parts, keys, strict=True):
             if part.reach is None:
-                # A prefix as LMCache's retrieve finds it (tier by tier), which then reads this part.
-                prefix, where = manager.batched_contains(part_keys, search_range, pin)
+                # The prefix some tier holds each object of: the load reads each where its check finds it.
+                prefix, where = _held_run(manager, part_keys, search_range, pin)
                 _record(pinned, where)
                 present.append((None, prefix.__gt__))
             else:

@@ -221,3 +221,58 @@ def test_a_run_held_by_two_tiers_out_of_their_order_is_found_and_pinned_where_ea
         assert not any(cpu.hot_cache[k].is_pinned for k in (keys[0], keys[2], keys[3]))
         assert manager.storage_backends["LocalDiskBackend"].remove(keys[1])
         assert _held_run(manager, keys, None, False) == (1, {"LocalCPUBackend": [keys[0]]})
+
+
+@pytest.mark.parametrize("placed", [True, False], ids=["placed", "negative-control-upstream"])
+def test_a_load_reads_each_object_from_the_tier_its_check_found_it_in(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                     placed: bool) -> None:
+    """Full-attention parts held by two tiers out of their order (chunk 1 only on disk, chunk 2 only in the CPU
+    cache) load in full, bit for bit, each read from where the load's one check found it, and no tier is asked
+    again. Upstream's retrieve asks each tier for a prefix of the chunks left: it cuts the part at chunk 2, and
+    the load reports nothing."""
+    from tests.upstream_originals import put_back
+
+    if not placed:
+        assert len(put_back(monkeypatch, lambda patch: patch.replacement.endswith(":wrap_get_block_mapping"))) == 1
+    layout = materialize(load_layout_spec("gemma3"), seed=7)
+    tokens = CHUNKS * layout.chunk_size
+    request = roundtrip.make_request(layout, tokens, seed=7)
+    size = cache_size_gib(layout, tokens)
+    storage = StorageOptions(max_local_cpu_size=size, local_disk=str(tmp_path), max_local_disk_size=size)
+    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+        engine.connector.bind(layout, split=True)
+        adapt_engine(engine.engine, engine.connector.parts, layout.chunk_size)
+        stored = roundtrip.snapshot(layout, request)
+        engine.store(request.tokens, request.store_ids)
+        assert engine.wait_stored(request.tokens, tokens, search_range=["LocalDiskBackend"]) == tokens
+        full = engine.connector.parts[0]
+        keys = [key for _, _, key in engine.engine.token_database.process_tokens(
+            tokens=torch.tensor(request.tokens), request_configs=part_configs(engine.tags, full))]
+        manager = engine.engine.storage_manager
+        assert manager.storage_backends["LocalCPUBackend"].remove(keys[1])
+        assert manager.storage_backends["LocalDiskBackend"].remove(keys[2])
+        assert engine.lookup(request.tokens) == tokens
+        roundtrip.zero_planes(layout)
+        asked = []
+        monkeypatch.setattr(manager.storage_backends["LocalDiskBackend"], "batched_contains",
+                            _counted(manager.storage_backends["LocalDiskBackend"].batched_contains, asked))
+        loaded_tokens = engine.retrieve(request.tokens, request.load_ids)
+        if not placed:
+            assert loaded_tokens == 0
+            return
+        assert loaded_tokens == tokens
+        # The disk is asked once by the lookup before the load (for the 3 full-attention parts after the CPU
+        # cache's prefix) and once by the load's check (those and the last window part); not again to read.
+        assert asked == [CHUNKS - 1, CHUNKS]
+        loaded = _loaded(engine, request)
+    compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()
+                if place[1] in full.transfer_groups or place[0] == (CHUNKS - 1) * layout.chunk_size]
+    assert compared and all(compared)
+
+
+def _counted(method, asked: list[int]):
+    def counting(keys, *args, **kwargs):
+        asked.append(len(keys))
+        return method(keys, *args, **kwargs)
+
+    return counting
