@@ -16,10 +16,10 @@ remote) holds, evicts and returns them independently. ``parts_methods`` wraps on
   chunks its window before ``n`` touches; if any part comes back short the whole load reports nothing
   arrived (the caller recomputes), never half a hit.
 
-Which objects are held is asked for a run of chunks at once (``_held_run``; a load asks for every part's in one
-run), never one object at a time: each question to a remote store is a round trip. A load asks once: each
-part's retrieve then reads from the tiers that question found its objects in (``wrap_get_block_mapping``), where
-upstream's retrieve would ask every tier again, one more round trip per part.
+Which objects are held is asked for a run of chunks at once (``_held_run``), never one object at a time: each
+question to a remote store is a round trip. A lookup asks first for every object of the whole prompt's hit, a
+load for every part's, each in one run; each part's retrieve then reads from the tiers the load's question
+found its objects in (``wrap_get_block_mapping``), where upstream's retrieve would ask every tier again.
 
 LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
 key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
@@ -201,11 +201,10 @@ def _held_run(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
 
 
 def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | None,
-                   pinned: dict[str, list[Any]] | None) -> Callable[[int], bool]:
-    """Whether chunk ``i``'s object is stored. A chunk not yet known is asked together with every chunk after it
-    (``_held_run``): the hit's window is usually answered by the first question. With ``pinned``, what is found is
-    pinned as it is asked, and recorded there by tier."""
-    known: dict[int, bool] = {}
+                   pinned: dict[str, list[Any]] | None, known: dict[int, bool]) -> Callable[[int], bool]:
+    """Whether chunk ``i``'s object is stored, ``known`` or asked. A chunk not yet known is asked together with
+    every chunk after it (``_held_run``). With ``pinned``, what is found is pinned as it is asked, and recorded
+    there by tier."""
 
     def present(i: int) -> bool:
         if i not in known:
@@ -217,6 +216,23 @@ def _asked_in_runs(manager: Any, keys: Sequence[Any], search_range: list[str] | 
         return known[i]
 
     return present
+
+
+def _whole_hit_asked(manager: Any, parts: tuple[ChunkPart, ...], keys: list[list[Any]], hit: int, chunk_size: int,
+                     search_range: list[str] | None, pinned: dict[str, list[Any]] | None) -> list[dict[int, bool]]:
+    """What one question for every object a hit of ``hit`` tokens needs (every part's, in one ``_held_run``)
+    tells of each part's chunks, by index: all of them held, usually; else those up to the first missing one,
+    and that one missing."""
+    wanted = [(p, i) for p, part in enumerate(parts) for i in needed_chunks(part.reach, hit, chunk_size)]
+    held, where = _held_run(manager, [keys[p][i] for p, i in wanted], search_range, pinned is not None)
+    _record(pinned, where)
+    known: list[dict[int, bool]] = [{} for _ in parts]
+    for p, i in wanted[:held]:
+        known[p][i] = True
+    if held < len(wanted):
+        p, i = wanted[held]
+        known[p][i] = False
+    return known
 
 
 def _record(into: dict[str, list[Any]] | None, where: Mapping[str, list[Any]]) -> None:
@@ -247,16 +263,12 @@ def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size
     hit = 0
     pinned: dict[str, list[Any]] | None = {} if pin else None
     try:
-        present: list[tuple[int | None, Callable[[int], bool]]] = []
-        for part, part_keys in zip(parts, keys, strict=True):
-            if part.reach is None:
-                # The prefix some tier holds each object of: the load reads each where its check finds it.
-                prefix, where = _held_run(manager, part_keys, search_range, pin)
-                _record(pinned, where)
-                present.append((None, prefix.__gt__))
-            else:
-                present.append((part.reach, _asked_in_runs(manager, part_keys, search_range, pinned)))
-        hit = longest_hit(present, ends)
+        # The whole prompt's hit asked first, in one question (on a remote store, one round trip); a part that
+        # misses a chunk is then asked on from where that question left it. Held in any tiers: the load reads
+        # each object where its check finds it.
+        known = _whole_hit_asked(manager, parts, keys, ends[-1] if ends else 0, chunk_size, search_range, pinned)
+        hit = longest_hit([(part.reach, _asked_in_runs(manager, part_keys, search_range, pinned, part_known))
+                           for part, part_keys, part_known in zip(parts, keys, known, strict=True)], ends)
         return hit
     finally:
         engine.stats_monitor.on_lookup_finished(stats, hit)

@@ -261,9 +261,9 @@ def test_a_load_reads_each_object_from_the_tier_its_check_found_it_in(tmp_path, 
             assert loaded_tokens == 0
             return
         assert loaded_tokens == tokens
-        # The disk is asked once by the lookup before the load (for the 3 full-attention parts after the CPU
-        # cache's prefix) and once by the load's check (those and the last window part); not again to read.
-        assert asked == [CHUNKS - 1, CHUNKS]
+        # The disk is asked once by the lookup before the load and once by the load's check, each time for the
+        # 3 full-attention parts after the CPU cache's prefix and the last window part; not again to read.
+        assert asked == [CHUNKS, CHUNKS]
         loaded = _loaded(engine, request)
     compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()
                 if place[1] in full.transfer_groups or place[0] == (CHUNKS - 1) * layout.chunk_size]

@@ -91,15 +91,15 @@ def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, m
         return trips[-1]
 
     lookup, load = _lookup_then_load(request, storage, layout, counted)
-    # A lookup asks, part by part, for every chunk from the first it needs: all of them for the full-attention
-    # part, the last one for the window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up the same
-    # objects, pinning them as it asks, checks again, in one question, that every part's are held, then reads
-    # each part's from the tier that question found them in, two values each: every chunk's full-attention part,
-    # the window part of the last chunk only. Every ask is for both values of each object (an ``EXISTS`` each,
-    # in the same pipeline). Upstream's retrieve asked once more, for each part, which tier holds it.
+    # A lookup asks once for every object the whole prompt's hit needs: every chunk's full-attention part, the
+    # last chunk's window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up the same objects,
+    # pinning them as it asks, checks again, in one question, that every part's are held, then reads each
+    # part's from the tier that question found them in, two values each. Every ask is for both values of each
+    # object (an ``EXISTS`` each, in the same pipeline). Upstream's retrieve asked once more, for each part,
+    # which tier holds it; the lookup asked part by part.
     if batched:
-        assert lookup == [2 * CHUNKS, 2]
-        assert load == [2 * CHUNKS, 2, 2 * CHUNKS + 2, 2 * CHUNKS, 2]
+        assert lookup == [2 * CHUNKS + 2]
+        assert load == [2 * CHUNKS + 2, 2 * CHUNKS + 2, 2 * CHUNKS, 2]
         # On one server the two reads go through this package's own connection; on a cluster through redis-py.
         assert trips[0].socket_trips == ([2 * CHUNKS, 2] if store_url.startswith("redis://") else [])
     else:  # one round trip per object asked, two per object read
