@@ -8,13 +8,14 @@ import logging
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs, store_chunks_ending_at
 from lmcache_platforms.layout import load_layout_spec
+from lmcache_platforms.layout.parts import longest_hit, needed_chunks
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
@@ -134,6 +135,40 @@ def test_a_lookup_pins_as_it_asks_and_keeps_only_what_its_hit_needs(parted) -> N
         _remove(engine, request, "reach32", chunk)
     assert lmcache.lookup(torch.tensor(request.tokens), lookup_id="r2", pin=True, request_configs=engine.tags) == 0
     assert "r2" not in lmcache.lookup_pins and not any(obj.is_pinned for obj in cpu.hot_cache.values())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(held=st.lists(st.lists(st.booleans(), min_size=CHUNKS, max_size=CHUNKS), min_size=2, max_size=2))
+def test_a_lookup_finds_the_longest_hit_every_part_holds_and_pins_exactly_its_objects(parted, held) -> None:
+    """Any objects of either part gone: the lookup (asking the whole hit first, then on from a miss) reports the
+    longest hit ``layout.parts.longest_hit`` computes from what is held, keeps pinned exactly the objects that
+    hit needs, and the hit loads in full."""
+    engine, request, _ = parted
+    chunk_size = engine.layout.chunk_size
+    lmcache = engine.engine
+    cpu = lmcache.storage_manager.storage_backends["LocalCPUBackend"]
+    engine.store(request.tokens, request.store_ids)  # what an earlier example removed, stored again
+    keys = []
+    for part, flags in zip(engine.connector.parts, held, strict=True):
+        part_keys = [key for _, _, key in lmcache.token_database.process_tokens(
+            tokens=torch.tensor(request.tokens), request_configs=part_configs(engine.tags, part))]
+        keys.append(part_keys)
+        for key, kept in zip(part_keys, flags, strict=True):
+            if not kept:
+                assert lmcache.storage_manager.remove(key)
+    ends = [(i + 1) * chunk_size for i in range(CHUNKS)]
+    expected = longest_hit([(part.reach, flags) for part, flags in zip(engine.connector.parts, held, strict=True)],
+                           ends)
+    assert lmcache.lookup(torch.tensor(request.tokens), lookup_id="p", pin=True,
+                          request_configs=engine.tags) == expected
+    needed = {keys[p][i] for p, part in enumerate(engine.connector.parts)
+              for i in needed_chunks(part.reach, expected, chunk_size)}
+    assert {key for key, obj in cpu.hot_cache.items() if obj.is_pinned} == needed
+    assert set(lmcache.lookup_pins.get("p", {}).get("LocalCPUBackend", [])) == needed
+    lmcache.lookup_unpin("p")
+    assert not any(obj.is_pinned for obj in cpu.hot_cache.values())
+    if expected:
+        assert engine.retrieve(request.tokens[:expected], request.load_ids) == expected
 
 
 @pytest.mark.parametrize("name", ["llama", "mla-int8"])
