@@ -17,9 +17,10 @@ remote) holds, evicts and returns them independently. ``parts_methods`` wraps on
   arrived (the caller recomputes), never half a hit.
 
 Which objects are held is asked for a run of chunks at once (``_held_run``), never one object at a time: each
-question to a remote store is a round trip. A lookup asks first for every object of the whole prompt's hit, a
-load for every part's, each in one run; each part's retrieve then reads from the tiers the load's question
-found its objects in (``wrap_get_block_mapping``), where upstream's retrieve would ask every tier again.
+question to a remote store is a round trip. A lookup asks first for every object of the whole prompt's hit in
+one run. A load asks nothing when the lookup before it pinned every object it reads (vLLM's loads: the hit
+looked up), else for every part's in one run; each part's retrieve then reads from the tiers found
+(``wrap_get_block_mapping``), where upstream's retrieve would ask every tier again.
 
 LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
 key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
@@ -111,9 +112,10 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
               mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
     """Load a hit of ``len(tokens)`` tokens (the masked ones): every part's needed chunks, or report none.
 
-    Every needed object is checked first (one question for all parts), so a hit missing one writes nothing; one
-    that vanishes between the check and its read (not pinned) makes the load report nothing arrived, as one that
-    fails to read does.
+    Where every needed object is is known first: from the lookup that pinned them for this request (the usual
+    load, of the hit it looked up), else asked in one question for all parts, so a hit missing one writes
+    nothing. An object gone since (a remote one: a local tier keeps what is pinned) fails its read, and the load
+    reports nothing arrived, as for one that fails to read.
     """
     num_tokens = len(tokens)
     wanted = torch.ones(num_tokens, dtype=torch.bool) if mask is None else mask.to("cpu", torch.bool).clone()
@@ -127,13 +129,13 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
     chunks = [(part, start, key) for part, part_mask, configs in calls
               for start, _, key in engine.token_database.process_tokens(tokens=tokens, mask=part_mask,
                                                                         request_configs=configs)]
-    held, where = _held_run(engine.storage_manager, [key for _, _, key in chunks], None, False)
+    held, tiers = _where_held(engine, [key for _, _, key in chunks], kwargs.get("req_id"))
     if held < len(chunks):
         part, start, _ = chunks[held]
         logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
                        kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
         return torch.zeros(num_tokens, dtype=torch.bool)
-    found = _found.set((engine.storage_manager, {key: tier for tier, keys in where.items() for key in keys}))
+    found = _found.set((engine.storage_manager, tiers))
     try:
         for part, part_mask, configs in calls:
             # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
@@ -151,12 +153,24 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
     return wanted
 
 
+def _where_held(engine: Any, keys: Sequence[Any], request_id: str | None) -> tuple[int, dict[Any, str]]:
+    """How many of ``keys``, from the first, are held, and the tier of each: the lookup's pins for
+    ``request_id`` if they hold them all, else asked (``_held_run``)."""
+    pinned = engine.lookup_pins.get(request_id) if request_id is not None else None
+    if pinned:
+        tiers = {key: tier for tier, held in pinned.items() for key in held}
+        if all(key in tiers for key in keys):
+            return len(keys), tiers
+    held, where = _held_run(engine.storage_manager, keys, None, False)
+    return held, {key: tier for tier, held_keys in where.items() for key in held_keys}
+
+
 def wrap_get_block_mapping(upstream: Callable[..., dict[str, list[Any]]]) -> Callable[..., dict[str, list[Any]]]:
     """Patch-catalog wrapper of ``StorageManager.get_block_mapping`` (which tier to read each chunk of a retrieve
-    from): inside a parts load (``_retrieve``), the tiers its check found the objects in. Upstream asks each tier
-    in turn for a prefix of the rest, so chunks held by two tiers out of their order (an early one evicted from
-    the CPU cache but on disk) were cut at the first change, and the load came back short; the check placed
-    each. A chunk it did not place is asked as upstream asks; an object gone since fails its read either way."""
+    from): inside a parts load (``_retrieve``), the tiers its lookup or check found the objects in. Upstream asks
+    each tier in turn for a prefix of the rest, so chunks held by two tiers out of their order (an early one
+    evicted from the CPU cache but on disk) were cut at the first change, and the load came back short. A chunk
+    not placed is asked as upstream asks; an object gone since fails its read either way."""
 
     def get_block_mapping(self: Any, chunk_infos: list[Any]) -> dict[str, list[Any]]:
         found = _found.get()

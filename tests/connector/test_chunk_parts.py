@@ -259,12 +259,12 @@ def test_a_run_held_by_two_tiers_out_of_their_order_is_found_and_pinned_where_ea
 
 
 @pytest.mark.parametrize("placed", [True, False], ids=["placed", "negative-control-upstream"])
-def test_a_load_reads_each_object_from_the_tier_its_check_found_it_in(tmp_path, monkeypatch: pytest.MonkeyPatch,
+def test_a_load_reads_each_object_from_the_tier_its_lookup_found_it_in(tmp_path, monkeypatch: pytest.MonkeyPatch,
                                                                      placed: bool) -> None:
     """Full-attention parts held by two tiers out of their order (chunk 1 only on disk, chunk 2 only in the CPU
-    cache) load in full, bit for bit, each read from where the load's one check found it, and no tier is asked
-    again. Upstream's retrieve asks each tier for a prefix of the chunks left: it cuts the part at chunk 2, and
-    the load reports nothing."""
+    cache) load in full, bit for bit, each read from where the lookup before the load found and pinned it, and
+    no tier is asked again. Upstream's retrieve asks each tier for a prefix of the chunks left: it cuts the part
+    at chunk 2, and the load reports nothing."""
     from tests.upstream_originals import put_back
 
     if not placed:
@@ -296,9 +296,9 @@ def test_a_load_reads_each_object_from_the_tier_its_check_found_it_in(tmp_path, 
             assert loaded_tokens == 0
             return
         assert loaded_tokens == tokens
-        # The disk is asked once by the lookup before the load and once by the load's check, each time for the
-        # 3 full-attention parts after the CPU cache's prefix and the last window part; not again to read.
-        assert asked == [CHUNKS, CHUNKS]
+        # The disk is asked once, by the lookup before the load (for the 3 full-attention parts after the CPU
+        # cache's prefix and the last window part): the load reads each where the lookup pinned it.
+        assert asked == [CHUNKS]
         loaded = _loaded(engine, request)
     compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()
                 if place[1] in full.transfer_groups or place[0] == (CHUNKS - 1) * layout.chunk_size]

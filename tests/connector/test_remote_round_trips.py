@@ -92,19 +92,18 @@ def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, m
 
     lookup, load = _lookup_then_load(request, storage, layout, counted)
     # A lookup asks once for every object the whole prompt's hit needs: every chunk's full-attention part, the
-    # last chunk's window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up the same objects,
-    # pinning them as it asks, checks again, in one question, that every part's are held, then reads each
-    # part's from the tier that question found them in, two values each. Every ask is for both values of each
-    # object (an ``EXISTS`` each, in the same pipeline). Upstream's retrieve asked once more, for each part,
-    # which tier holds it; the lookup asked part by part.
+    # last chunk's window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up the same objects, pinning
+    # them as it asks, then reads each part's from the tier its lookup found them in, two values each. Every ask
+    # is for both values of each object (an ``EXISTS`` each, in the same pipeline). Upstream's retrieve asked
+    # once more, for each part, which tier holds it; the lookup asked part by part.
     if batched:
         assert lookup == [2 * CHUNKS + 2]
-        assert load == [2 * CHUNKS + 2, 2 * CHUNKS + 2, 2 * CHUNKS, 2]
+        assert load == [2 * CHUNKS + 2, 2 * CHUNKS, 2]
         # On one server the two reads go through this package's own connection; on a cluster through redis-py.
         assert trips[0].socket_trips == ([2 * CHUNKS, 2] if store_url.startswith("redis://") else [])
-    else:  # one round trip per object asked, two per object read
+    else:  # one round trip per object asked (the lookup, LMCache's tier lookup), two per object read
         assert lookup == [1] * (CHUNKS + 1)
-        assert load == [1] * (5 * (CHUNKS + 1))
+        assert load == [1] * (4 * (CHUNKS + 1))
 
 
 @pytest.mark.redis
@@ -174,8 +173,8 @@ def test_fs_lookups_test_files_in_place_and_a_load_reads_each_part_in_one_thread
     lookup, load = _lookup_then_load(request, storage, layout, lambda reader: HandOffs(reader, monkeypatch))
     if batched:  # files tested in the calling thread; one read job per part
         assert (lookup, load) == (0, PARTS)
-    else:  # a thread job per object asked (lookup pinning, check, LMCache's tier lookup), four per object read
-        assert (lookup, load) == (CHUNKS + 1, 3 * (CHUNKS + 1) + 4 * (CHUNKS + 1))
+    else:  # a thread job per object asked (lookup pinning, LMCache's tier lookup), four per object read
+        assert (lookup, load) == (CHUNKS + 1, 2 * (CHUNKS + 1) + 4 * (CHUNKS + 1))
     loaded = roundtrip.snapshot(layout, dataclasses.replace(request, store_ids=request.load_ids))
     full_groups = chunk_parts(layout)[0].transfer_groups
     compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()
