@@ -264,8 +264,23 @@ def _run_on_store(bench: EngineBench, tier: str, mode: str, model_dir: Path, run
     """``run_tier`` on ``store``: a private Redis store of the tier's kind kept there, or the folder itself."""
     if tier in REDIS_STORES:
         with REDIS_STORES[tier](str(store)) as server:
-            return run_tier(bench, tier, model_dir, runner, server.url, mode)
+            row = run_tier(bench, tier, model_dir, runner, server.url, mode)
+            if tier == "redis" and mode == "paged":
+                row.update(read_floor(server.url, runner.logs[-1].read_text(), bench.chunk_size))
+            return row
     return run_tier(bench, tier, model_dir, runner, str(store.resolve()), mode)
+
+
+def read_floor(url: str, warm_log: str, chunk_size: int) -> dict[str, Any]:
+    """``read_floor_ms``: the objects one request of the warm pass read, read again from the store alone in one
+    pipeline (``tools/remote_floor``), and ``read_floor_bytes`` their bytes; an error in ``read_floor_error``."""
+    from lmcache_platforms.tools.remote_floor import objects_read, read_ms
+
+    try:
+        ms, nbytes = read_ms(url, objects_read(warm_log, chunk_size))
+    except Exception as exc:  # noqa: BLE001 - a missing floor must not cost the tier's row
+        return {"read_floor_error": f"{type(exc).__name__}: {exc}"}
+    return {"read_floor_ms": ms, "read_floor_bytes": nbytes}
 
 
 def run_bench(bench: EngineBench, progress: Callable[[str], None]) -> dict[str, Any]:
