@@ -5,7 +5,8 @@ wrote) reads a JSON job on stdin:
 
 - ``prompts``: token id lists, run one request at a time, greedy; ``max_tokens``: one, or one per prompt;
 - ``budget``: ``max_num_batched_tokens`` (0 or absent: vLLM's default); ``extra``: more connector config;
-- ``forget``: reset vLLM's own prefix cache after each request (the next one can hit only LMCache);
+- ``forget``: reset vLLM's own prefix cache after each request (the next one can hit only LMCache); each run
+  says whether vLLM did (``forgotten``);
 - ``evict``: a list; each, after request ``after``, removes from every tier the state parts of prompt
   ``prompt``'s chunks ending at ``ends``;
 - ``plant_early_states``: a planted fault, each state also stored as the state of the chunk before it.
@@ -113,7 +114,7 @@ def main(model: str, store: str, mode: str) -> None:
                      "logprobs": [sorted((v.logprob, k) for k, v in step.items())[::-1][:TOP_K]
                                   for step in out.outputs[0].logprobs]})
         if job.get("forget"):
-            llm.reset_prefix_cache()
+            runs[-1]["forgotten"] = llm.reset_prefix_cache()
         for evict in job.get("evict", []):
             if evict["after"] == i:
                 from vllm.distributed.kv_transfer import get_kv_transfer_group

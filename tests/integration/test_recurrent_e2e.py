@@ -47,6 +47,9 @@ def run_pass(model: Path, store: Path, mode: str, job: dict) -> dict:
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1]) | {"log": proc.stderr}
     assert not any(e["degraded"] for e in result["health"])
+    # With "forget" the next prompt may hit LMCache only: a reset vLLM refused would let it hit vLLM's own cache.
+    refused = [i for i, run in enumerate(result["runs"]) if run.get("forgotten") is False]
+    assert not refused, f"vLLM refused to reset its prefix cache after prompts {refused}"
     return result
 
 
