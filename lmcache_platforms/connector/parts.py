@@ -46,7 +46,8 @@ logger = init_logger(__name__)
 PART_TAG = "lmcache.tag.lmcp_part"
 
 _active: ContextVar[int | None] = ContextVar("lmcache_platforms_chunk_part", default=None)
-# The storage manager of the parts load in progress in this thread, and the tier its check found each object in.
+# The storage manager of the parts load in progress in this thread, and the tier each object was found in (by
+# the lookup that pinned it, or the load's own check).
 _found: ContextVar[tuple[Any, Mapping[Any, str]] | None] = ContextVar("lmcache_platforms_found", default=None)
 
 
@@ -156,13 +157,17 @@ def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_si
 def _where_held(engine: Any, keys: Sequence[Any], request_id: str | None) -> tuple[int, dict[Any, str]]:
     """How many of ``keys``, from the first, are held, and the tier of each: the lookup's pins for
     ``request_id`` if they hold them all, else asked (``_held_run``)."""
-    pinned = engine.lookup_pins.get(request_id) if request_id is not None else None
-    if pinned:
-        tiers = {key: tier for tier, held in pinned.items() for key in held}
-        if all(key in tiers for key in keys):
-            return len(keys), tiers
+    pins = engine.lookup_pins.get(request_id) if request_id is not None else None
+    pinned = _tier_of_each(pins or {})
+    if pinned and all(key in pinned for key in keys):
+        return len(keys), pinned
     held, where = _held_run(engine.storage_manager, keys, None, False)
-    return held, {key: tier for tier, held_keys in where.items() for key in held_keys}
+    return held, _tier_of_each(where)
+
+
+def _tier_of_each(by_tier: Mapping[str, Sequence[Any]]) -> dict[Any, str]:
+    """The tier of each key, from keys listed by tier (``_held_run``'s answer, a lookup's pins)."""
+    return {key: tier for tier, keys in by_tier.items() for key in keys}
 
 
 def wrap_get_block_mapping(upstream: Callable[..., dict[str, list[Any]]]) -> Callable[..., dict[str, list[Any]]]:
@@ -279,7 +284,7 @@ def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size
     try:
         # The whole prompt's hit asked first, in one question (on a remote store, one round trip); a part that
         # misses a chunk is then asked on from where that question left it. Held in any tiers: the load reads
-        # each object where its check finds it.
+        # each object where this lookup found and pinned it.
         known = _whole_hit_asked(manager, parts, keys, ends[-1] if ends else 0, chunk_size, search_range, pinned)
         hit = longest_hit([(part.reach, _asked_in_runs(manager, part_keys, search_range, pinned, part_known))
                            for part, part_keys, part_known in zip(parts, keys, known, strict=True)], ends)
