@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs, store_chunks_ending_at
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.layout.parts import longest_hit, needed_chunks
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
+from tests.connector.remote_reads import parted as in_parts
 
 CHUNKS = 4
 
@@ -31,8 +31,7 @@ def parted():
     request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=1)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
     with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
-        engine.connector.bind(layout, split=True)
-        adapt_engine(engine.engine, engine.connector.parts, layout.chunk_size)
+        in_parts(engine)
         stored = roundtrip.snapshot(layout, request)
         engine.store(request.tokens, request.store_ids)
         yield engine, request, stored
@@ -190,8 +189,7 @@ def test_state_parts_are_stored_only_where_the_caller_kept_a_state() -> None:
     request = roundtrip.make_request(layout, CHUNKS * chunk, seed=1)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * chunk))
     with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
-        engine.connector.bind(layout, split=True)
-        adapt_engine(engine.engine, engine.connector.parts, chunk)
+        in_parts(engine)
         assert [p.snapshots for p in engine.connector.parts] == [False, True]
         stored = roundtrip.snapshot(layout, request)
         engine.engine.store(torch.tensor(request.tokens), block_ids=request.store_ids, request_configs=engine.tags,
@@ -275,8 +273,7 @@ def test_a_load_reads_each_object_from_the_tier_its_lookup_found_it_in(tmp_path,
     size = cache_size_gib(layout, tokens)
     storage = StorageOptions(max_local_cpu_size=size, local_disk=str(tmp_path), max_local_disk_size=size)
     with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
-        engine.connector.bind(layout, split=True)
-        adapt_engine(engine.engine, engine.connector.parts, layout.chunk_size)
+        in_parts(engine)
         stored = roundtrip.snapshot(layout, request)
         engine.store(request.tokens, request.store_ids)
         assert engine.wait_stored(request.tokens, tokens, search_range=["LocalDiskBackend"]) == tokens
