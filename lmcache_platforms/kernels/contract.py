@@ -83,8 +83,10 @@ def _check_slot_bounds(planes: Sequence[Plane], slots: torch.Tensor) -> None:
     rows = slots.shape[-1]
     if rows == 0:
         return
-    per_plane = slots if slots.dim() == 2 else slots.unsqueeze(0).expand(len(planes), rows)
-    highest = per_plane.max(dim=1).values.tolist()
+    # A list shared by every plane has one maximum: reducing it once keeps the reduction small (one over an
+    # expanded [planes, rows] view is large enough to start torch's OpenMP threads, whose spinning afterwards
+    # takes the core the native kernel's helper thread needs).
+    highest = slots.max(dim=1).values.tolist() if slots.dim() == 2 else [int(slots.max())] * len(planes)
     for plane, top in zip(planes, highest, strict=True):
         if plane.storage is None:
             raise TransferError(f"plane {plane.name!r} of layer {plane.layer!r} has no tensor behind it")
