@@ -44,6 +44,36 @@ def test_any_single_flipped_byte_of_payload_or_trailer_is_caught(payload: bytes,
     assert checksum.mismatched([flat], len(payload)) == [0]
 
 
+def test_an_object_in_strided_memory_is_sealed_and_read_the_same_as_a_contiguous_one() -> None:
+    """Contiguous host objects are sealed and read at their address; any other view goes through tensor copies,
+    with the same bytes either way."""
+    torch.manual_seed(0)
+    payload = 3 * checksum.STRIPE_BYTES + 5
+    size = payload + tail_bytes(payload)
+    contiguous = torch.randint(0, 256, (size,), dtype=torch.uint8)
+    backing = torch.zeros(2 * size, dtype=torch.uint8)
+    strided = backing[::2]
+    strided.copy_(contiguous)
+    checksum.seal([contiguous, strided], payload)
+    assert torch.equal(strided, contiguous)
+    assert bool((backing[1::2] == 0).all()), "sealing a strided view wrote between its bytes"
+    assert torch.equal(checksum.stored_stripes(strided, payload), checksum.stored_stripes(contiguous, payload))
+    assert checksum.mismatched([contiguous, strided], payload) == []
+    strided[payload + 2] ^= 1
+    assert checksum.stored_stripes(strided, payload) is None
+    assert checksum.mismatched([contiguous, strided], payload) == [1]
+
+
+def test_an_object_without_room_for_its_table_is_refused_and_left_unwritten() -> None:
+    payload = checksum.STRIPE_BYTES + 1
+    flat = torch.full((payload + tail_bytes(payload) - 1,), 7, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=rf"an object of {flat.numel()} bytes has no room after its {payload}-byte "
+                                         r"payload for the 8-byte stripe table and the trailer"):
+        checksum.seal([flat], payload)
+    assert bool((flat == 7).all())
+    assert checksum.stored_stripes(flat, payload) is None
+
+
 def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pytest.MonkeyPatch) -> None:
     """Objects of several stripes, hashed on several threads: each flip is pinned on its own object."""
     monkeypatch.setattr(checksum, "STRIPE_BYTES", 4096)
