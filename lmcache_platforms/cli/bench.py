@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--kv-events", action="store_true",
                         help="every engine publishes KV-cache events through vLLM's ZMQ publisher, as a server "
                              "with --kv-events-config does (our connector's BlockStored/BlockRemoved included)")
+    engine.add_argument("--checksum-cost", action="store_true",
+                        help="pair every hashing store and checking load with the plain kernel call of the same "
+                             "arguments and time the checksum's own calls: adds checksum_{store,load}_ms, "
+                             "_python_ms and _share (the row's other timings then include the paired calls)")
     engine.add_argument("--workdir", type=Path, default=None,
                         help="where configs and logs go (default: a temporary folder, kept if a tier failed)")
     scale = parser.add_argument_group("across servers (--servers, instead of --layout; --model, --tokens and "

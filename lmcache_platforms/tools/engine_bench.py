@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from lmcache_platforms.tools import checksum_cost
 from lmcache_platforms.tools.demo.model import MODELS, ModelSpec, ensure_model, with_context
 from lmcache_platforms.tools.demo.runners import PassRunner, Resources
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, OUR_CONNECTOR, connector_config
@@ -65,6 +66,7 @@ class EngineBench:
     timeout_s: float = 900.0
     modes: tuple[str, ...] = ("paged",)
     kv_events: bool = False
+    checksum_cost: bool = False  # tools/checksum_cost: the checksum's own cost, call by call
 
 
 @dataclass
@@ -133,6 +135,7 @@ def _spec(bench: EngineBench, model_dir: Path, served: list[Request], salt: str,
         "requests": [vars(r) for r in served], "enable_prefix_caching": False, "memcpy_bytes": memcpy_bytes,
         # An ipc:// endpoint: vLLM's publisher binds it (a tcp:// one naming a host it would connect to).
         "kv_events_endpoint": f"ipc://{bench.workdir.resolve()}/{salt}-events" if bench.kv_events else None,
+        "checksum_cost": bench.checksum_cost,
     }
 
 
@@ -188,12 +191,16 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     if same_engine:
         stored = Transfers(stored.tokens[:len(served)], stored.bytes[:len(served)], stored.seconds[:len(served)])
         warm, loaded = cold["requests"][len(served):], parse_lines(cold_log, "load")
-        memcpy_s, loading = cold["memcpy_s"], cold
+        memcpy_s, loading, loading_log = cold["memcpy_s"], cold, cold_log
     else:
         loading = runner.run(f"{tier}-warm", _spec(bench, model_dir, served, f"{tier}-warm", per_request), env)
-        warm, memcpy_s = loading["requests"], loading["memcpy_s"]
-        loaded = parse_lines(runner.logs[-1].read_text(), "load")
+        warm, memcpy_s, loading_log = loading["requests"], loading["memcpy_s"], runner.logs[-1].read_text()
+        loaded = parse_lines(loading_log, "load")
     memcpy_gbps = per_request / memcpy_s / 1e9
+    costs = {}
+    if bench.checksum_cost:  # over every store and load of the pass, the warm-up's included, as the totals are
+        costs = {**checksum_cost.cost(cold["checksum_cost"], "store", parse_lines(cold_log, "store").seconds),
+                 **checksum_cost.cost(loading["checksum_cost"], "load", parse_lines(loading_log, "load").seconds)}
     return {
         "tier": tier,
         "mode": mode,
@@ -212,6 +219,7 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
         "published_tokens": published,
         "rss_after_warmup_MiB": loading.get("rss_after_warmup_mib"),
         "rss_growth_MiB": _growth(loading),
+        **costs,
     }
 
 
@@ -343,4 +351,5 @@ def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
     resources = Resources.available()
     kv_gib = max(resources.kv_cache_gib, -(-2 * per_request // GIB))
     return EngineBench(model, args.tokens, args.requests, args.chunk_size, tiers, workdir,
-                       replace(resources, kv_cache_gib=kv_gib), modes=modes, kv_events=args.kv_events)
+                       replace(resources, kv_cache_gib=kv_gib), modes=modes, kv_events=args.kv_events,
+                       checksum_cost=args.checksum_cost)

@@ -74,8 +74,8 @@ def test_a_tier_that_fails_is_a_row_naming_its_error() -> None:
 def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(capsys, tmp_path) -> None:
     tokens = 512
     assert run(["--engine", "--model", "tiny", "--tokens", str(tokens), "--requests", "2", "--chunk-size", "128",
-                "--tiers", "cpu,vllm", "--modes", "paged,layerwise", "--kv-events", "--workdir", str(tmp_path),
-                "--json"]) == 0
+                "--tiers", "cpu,vllm", "--modes", "paged,layerwise", "--kv-events", "--checksum-cost",
+                "--workdir", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["kv_events"] is True
     row, layerwise, vllm = result["tiers"]
@@ -102,3 +102,9 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
     assert row["store_x_memcpy"] > 0 and row["load_x_memcpy"] > 0
     # The pass's memory: an engine holds far more than 100 MiB after its warm-up; the requests' growth is known.
     assert row["rss_after_warmup_MiB"] > 100 and isinstance(row["rss_growth_MiB"], float)
+    # --checksum-cost: both modes hash every store and check every load of host objects, so each has the figures.
+    for tier in (row, layerwise):
+        for direction in ("store", "load"):
+            assert tier[f"checksum_{direction}_python_ms"] > 0, tier
+            assert all(isinstance(tier[f"checksum_{direction}_{name}"], float) for name in ("ms", "share")), tier
+    assert not any(key.startswith("checksum_") for key in vllm)

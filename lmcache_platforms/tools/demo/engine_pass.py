@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from lmcache_platforms.tools import checksum_cost
 from lmcache_platforms.tools.demo.model import ModelSpec
 from lmcache_platforms.tools.demo.runners import status_kib
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, TOP_LOGITS
@@ -153,6 +154,8 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
         engine_args["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
                                                          endpoint=spec["kv_events_endpoint"])
+    if spec.get("checksum_cost"):
+        checksum_cost.install()
     llm = LLM(**engine_args)
     result: dict[str, Any] = {"engine_start_s": time.perf_counter() - started, "kv_groups": _kv_groups(llm)}
     params = SamplingParams(
@@ -173,6 +176,8 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
                  "tokens")
     result["requests"] = requests
     result["peak_rss_requests_mib"] = _memory_mib("VmHWM")
+    if spec.get("checksum_cost"):
+        result["checksum_cost"] = checksum_cost.TOTALS.as_dict()
     if spec.get("memcpy_bytes"):
         from lmcache_platforms.tools.copy_reference import memcpy_seconds
 
