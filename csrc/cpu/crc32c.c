@@ -501,6 +501,43 @@ int lmcp_crc32c_finish(int64_t payload, int64_t stripe, const uint32_t *acc, con
     return 0;
 }
 
+static uint32_t load_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void store_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/*
+ * An object's tail, right after its `payload` bytes: its `count` stripes' CRC-32Cs, then the trailer, the
+ * CRC-32C of that table and a 4-byte mark, every value little-endian. One call per object where a few tensor
+ * operations cost several times more inside a busy engine.
+ */
+
+/* Writes the tail of `count` stripes from `stripes`, then the trailer with `mark`. */
+void lmcp_crc32c_seal(uint8_t *object, int64_t payload, int64_t count, const uint32_t *stripes, uint32_t mark) {
+    uint8_t *table = object + payload;
+    for (int64_t k = 0; k < count; k++) store_le32(table + 4 * k, stripes[k]);
+    store_le32(table + 4 * count, lmcp_crc32c(table, 4 * count));
+    store_le32(table + 4 * count + 4, mark);
+}
+
+/*
+ * A checked load's start: 1 when the object's trailer holds `mark` and its table's CRC-32C, then the table's
+ * `count` CRCs go to expected[] and state[] is zeroed (lmcp_crc_check's); 0 when it does not, nothing written.
+ */
+int lmcp_crc32c_open(const uint8_t *object, int64_t payload, int64_t count, uint32_t mark, uint32_t *expected,
+                     uint32_t *state) {
+    const uint8_t *table = object + payload, *trailer = table + 4 * count;
+    if (load_le32(trailer + 4) != mark || load_le32(trailer) != lmcp_crc32c(table, 4 * count)) return 0;
+    for (int64_t k = 0; k < count; k++) {
+        expected[k] = load_le32(table + 4 * k);
+        state[k] = LMCP_STRIPE_NEW;
+    }
+    return 1;
+}
+
 /* CRC-32C of data[0, n) with the table even where the instruction exists: tests compare the two. */
 uint32_t lmcp_crc32c_portable(const uint8_t *data, int64_t n) {
     pthread_once(&table_once, build_tables);

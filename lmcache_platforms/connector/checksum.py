@@ -45,6 +45,7 @@ TRAILER_BYTES = 8
 STRIPE_BYTES = 64 << 10
 _MARK = b"LMCk"
 _TRAILER = struct.Struct("<I4s")
+_MARK_WORD = int.from_bytes(_MARK, "little")  # the mark as the native seal and check take it
 
 
 def stripes_are_crc32c() -> bool:
@@ -181,12 +182,12 @@ def seal(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tenso
         if flat.numel() * flat.element_size() < payload_bytes + table + TRAILER_BYTES:
             raise ValueError(f"an object of {flat.numel() * flat.element_size()} bytes has no room after its "
                              f"{payload_bytes}-byte payload for the {table}-byte stripe table and the trailer")
-        mark = trailer(_of_table(row))
-        if _addressable(flat):
-            ctypes.memmove(flat.data_ptr() + payload_bytes, row.data_ptr(), table)
-            ctypes.memmove(flat.data_ptr() + payload_bytes + table, mark, TRAILER_BYTES)
+        lib = native()
+        if lib is not None and _addressable(flat):
+            lib.seal(flat.data_ptr(), payload_bytes, row.numel(), row.data_ptr(), _MARK_WORD)
             continue
-        tail = torch.cat([row.view(torch.uint8), torch.frombuffer(bytearray(mark), dtype=torch.uint8)])
+        mark = torch.frombuffer(bytearray(trailer(_of_table(row))), dtype=torch.uint8)
+        tail = torch.cat([row.view(torch.uint8), mark])
         flat[payload_bytes : payload_bytes + tail.numel()].copy_(tail)
 
 
@@ -213,8 +214,12 @@ def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
     lib = native()
     if lib is None:
         raise RuntimeError("stripe checks need the native CRC-32C, which this process does not have")
-    stripes = stored_stripes(flat, payload_bytes)
-    return None if stripes is None else ObjectCheck(lib, flat, payload_bytes, STRIPE_BYTES, stripes)
+    if not _addressable(flat):
+        raise ValueError("a checked load needs its object as a contiguous 1-D uint8 tensor in host memory, got "
+                         f"{tuple(flat.shape)} {flat.dtype} on {flat.device}")
+    if flat.numel() < payload_bytes + tail_bytes(payload_bytes):
+        return None
+    return lib.open_object(flat, payload_bytes, STRIPE_BYTES, _MARK_WORD)
 
 
 def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:

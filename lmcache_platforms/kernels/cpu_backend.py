@@ -111,9 +111,9 @@ class CpuBackend(KernelBackend):
         lib, call = self._checked(planes, slots, buffer, Direction.LOAD)
         if call is None:
             return True
-        status = lib.lmcp_transfer_checked(*call.args, torch.get_num_threads(), offset, check.flat.data_ptr(),
-                                           check.payload_bytes, check.stripe, check.expected.data_ptr(),
-                                           check.state.data_ptr())
+        status = lib.lmcp_transfer_checked(*call.args, torch.get_num_threads(), offset, check.address,
+                                           check.payload_bytes, check.stripe, check.expected_address,
+                                           check.state_address)
         if status < 0:
             raise TransferError(f"native checked load failed with status {status}")
         return status == 0

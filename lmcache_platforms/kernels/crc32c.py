@@ -45,6 +45,10 @@ class NativeCrc32c:
         self._folding = lib.lmcp_crc32c_folding
         self._check = lib.lmcp_crc32c_check
         self._check.argtypes, self._check.restype = [vp, i64, i64, vp, vp, i64, i64], ctypes.c_int
+        self._seal = lib.lmcp_crc32c_seal
+        self._seal.argtypes, self._seal.restype = [vp, i64, i64, vp, ctypes.c_uint32], None
+        self._open = lib.lmcp_crc32c_open
+        self._open.argtypes, self._open.restype = [vp, i64, i64, ctypes.c_uint32, vp, vp], ctypes.c_int
 
     @property
     def folding(self) -> int:
@@ -72,6 +76,21 @@ class NativeCrc32c:
         """Whether every stripe overlapping payload bytes ``[start, end)`` matches its CRC at ``expected``
         (checking those ``state`` does not mark checked)."""
         return bool(self._check(address, payload_bytes, stripe, expected, state, start, end))
+
+    def seal(self, address: int, payload_bytes: int, count: int, stripes: int, mark: int) -> None:
+        """Writes the ``count`` stripe CRCs at ``stripes`` after the payload of the host object at ``address``,
+        then the trailer: their CRC-32C and ``mark`` (all little-endian uint32s)."""
+        self._seal(address, payload_bytes, count, stripes, mark)
+
+    def open_object(self, flat: torch.Tensor, payload_bytes: int, stripe: int, mark: int) -> ObjectCheck | None:
+        """A load's check of the contiguous host object ``flat`` against the stripe CRCs it carries after its
+        payload, or None when its trailer does not hold ``mark`` and their CRC-32C."""
+        count = -(-payload_bytes // stripe)
+        room = torch.empty(2 * count, dtype=torch.int32)
+        address = room.data_ptr()
+        if not self._open(flat.data_ptr(), payload_bytes, count, mark, address, address + 4 * count):
+            return None
+        return ObjectCheck(self, flat, payload_bytes, stripe, room)
 
     def object_stripes(self, payload_bytes: int, stripe: int) -> ObjectStripes:
         """An empty stripe state for one object of ``payload_bytes`` bytes."""
@@ -134,18 +153,22 @@ class ObjectStripes:
 
 class ObjectCheck:
     """A load's check of one object against the stripe CRCs it carries: which stripes matched so far (one state
-    each, in host memory the native code updates), so each is hashed once however many calls need it."""
+    each, in host memory the native code updates), so each is hashed once however many calls need it.
+
+    ``room`` holds the expected CRCs, then the states (zeroed): one int32 each per stripe, filled by
+    ``NativeCrc32c.open_object`` in one native call."""
 
     def __init__(self, lib: NativeCrc32c, flat: torch.Tensor, payload_bytes: int, stripe: int,
-                 expected: torch.Tensor) -> None:
-        self.lib, self.flat, self.payload_bytes, self.stripe = lib, flat, payload_bytes, stripe
-        self.expected = expected.contiguous()
-        self.state = torch.zeros(expected.numel(), dtype=torch.int32)
+                 room: torch.Tensor) -> None:
+        self.lib, self.flat, self.payload_bytes, self.stripe, self.room = lib, flat, payload_bytes, stripe, room
+        self.address = flat.data_ptr()
+        self.expected_address = room.data_ptr()
+        self.state_address = self.expected_address + 2 * room.numel()
 
     def check(self, start: int, end: int) -> bool:
         """Whether the stripes overlapping payload bytes ``[start, end)`` all match."""
-        return self.lib.check(self.flat.data_ptr(), self.payload_bytes, self.stripe, self.expected.data_ptr(),
-                              self.state.data_ptr(), start, end)
+        return self.lib.check(self.address, self.payload_bytes, self.stripe, self.expected_address,
+                              self.state_address, start, end)
 
 
 @functools.cache
@@ -154,7 +177,7 @@ def native() -> NativeCrc32c | None:
     lib, _ = load_library()
     if lib is None:
         return None
-    if not hasattr(lib, "lmcp_crc32c_check"):
+    if not hasattr(lib, "lmcp_crc32c_open"):
         logger.warning("the native CPU library predates its current CRC-32C functions: chunk checksums use "
                        "zlib's CRC-32, slower, and servers with a current build do not share chunks with this one; %s",
                        REBUILD_HINT)

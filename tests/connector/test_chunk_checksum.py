@@ -20,12 +20,12 @@ from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.connector.verified_loads import ChecksumMismatch
-from lmcache_platforms.kernels.crc32c import ObjectCheck, native
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize
 from tests.ci import missing
+from tests.kernels.crc_paths import check_against
 from tests.layout.strategies import layout_specs
 
 CHUNKS = 3
@@ -42,6 +42,28 @@ def test_any_single_flipped_byte_of_payload_or_trailer_is_caught(payload: bytes,
     where = data.draw(st.integers(0, len(payload) + tail_bytes(len(payload)) - 1))
     flat[where] ^= data.draw(st.integers(1, 255))
     assert checksum.mismatched([flat], len(payload)) == [0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 3 * 4096), st.data())
+def test_a_load_opens_an_object_only_when_its_whole_tail_is_intact(payload: int, data: st.DataObject) -> None:
+    """``object_check`` takes the stripe table in one native call: any flipped byte of the table or trailer
+    refuses the object; a flip in the payload passes the table and fails that stripe's check."""
+    flat = torch.randint(0, 256, (payload + tail_bytes(payload),), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(payload))
+    checksum.seal([flat], payload)
+    check = checksum.object_check(flat, payload)
+    assert check is not None and check.check(0, payload)
+    expected = check.room[: check.room.numel() // 2]
+    assert torch.equal(expected, checksum.stripe_crcs([flat], payload)[0])
+    where = data.draw(st.integers(0, flat.numel() - 1))
+    flat[where] ^= data.draw(st.integers(1, 255))
+    check = checksum.object_check(flat, payload)
+    if where >= payload:
+        assert check is None
+    else:
+        assert check is not None and not check.check(0, payload)
+    assert checksum.object_check(flat[:-1], payload) is None  # no room for its trailer
 
 
 def test_an_object_in_strided_memory_is_sealed_and_read_the_same_as_a_contiguous_one() -> None:
@@ -256,10 +278,8 @@ def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tie
 def _accepting_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks made to pass: stripes compared with the object's own bytes, whatever its table says."""
     monkeypatch.setattr(checksum, "mismatched", lambda flats, payload_bytes: [])
-    lib = native()
-    assert lib is not None
-    monkeypatch.setattr(checksum, "object_check", lambda flat, payload_bytes: ObjectCheck(
-        lib, flat, payload_bytes, checksum.STRIPE_BYTES, checksum.stripe_crcs([flat], payload_bytes)[0]))
+    monkeypatch.setattr(checksum, "object_check", lambda flat, payload_bytes: check_against(
+        flat, payload_bytes, checksum.STRIPE_BYTES, checksum.stripe_crcs([flat], payload_bytes)[0]))
 
 
 def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from lmcache_platforms.kernels.crc32c import NativeCrc32c, native
+from lmcache_platforms.kernels.crc32c import NativeCrc32c, ObjectCheck, native
 
 
 def native_crc() -> NativeCrc32c:
@@ -23,6 +23,12 @@ def stripes_of(obj: torch.Tensor, stripe: int) -> torch.Tensor:
     out = torch.zeros(-(-obj.numel() // stripe), dtype=torch.int32)
     native_crc().stripes(obj.data_ptr(), obj.numel(), stripe, 0, out.numel(), out.data_ptr())
     return out
+
+
+def check_against(obj: torch.Tensor, payload_bytes: int, stripe: int, expected: torch.Tensor) -> ObjectCheck:
+    """A load's check of ``obj`` against the stripe CRCs ``expected`` (the objects of these tests carry none):
+    its room as ``NativeCrc32c.open_object`` fills it, the expected CRCs then one zeroed state per stripe."""
+    return ObjectCheck(native_crc(), obj, payload_bytes, stripe, torch.cat([expected, torch.zeros_like(expected)]))
 
 
 @contextlib.contextmanager

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.kernels.contract import Direction, buffer_bytes
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
-from lmcache_platforms.kernels.crc32c import ObjectCheck, native
+from lmcache_platforms.kernels.crc32c import native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.checks import parallel_group
-from tests.kernels.crc_paths import PATHS, crc_path, native_crc, stripes_of
+from tests.kernels.crc_paths import PATHS, check_against, crc_path, stripes_of
 from tests.kernels.strategies import clone_planes, interleaved_cases, transfer_cases
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
@@ -41,7 +41,7 @@ def check(planes, slots, stripe: int, before: int, after: int, flip: int | None,
     TORCH.transfer(unchecked, slots, obj[before : before + nbytes], Direction.LOAD)
     old = _rows(planes)
     loaded = backend.load_checked(planes, slots, obj[before : before + nbytes],
-                                  ObjectCheck(native_crc(), obj, obj.numel(), stripe, expected), before)
+                                  check_against(obj, obj.numel(), stripe, expected), before)
     for now, was, good in zip(_rows(planes), old, _rows(intact), strict=True):
         assert bool(((now == was).all(dim=-1) | (now == good).all(dim=-1)).all()), "a row holds unchecked bytes"
     if flip is None or all(torch.equal(a, b) for a, b in zip(_rows(unchecked), _rows(intact), strict=True)):
@@ -101,7 +101,7 @@ def test_the_default_checks_every_stripe_first():
     obj = torch.randint(0, 256, (buffer_bytes(planes, 37),), dtype=torch.uint8)
     expected = stripes_of(obj, 1000)
     obj[-1] ^= 1
-    assert not TORCH.load_checked(planes, slots, obj, ObjectCheck(native_crc(), obj, obj.numel(), 1000, expected), 0)
+    assert not TORCH.load_checked(planes, slots, obj, check_against(obj, obj.numel(), 1000, expected), 0)
     assert all(torch.equal(a, b) for a, b in zip(_rows(planes), old, strict=True))
 
 
