@@ -344,7 +344,7 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
                 for offset, batch, row, nbytes in parts[index]:
                     backend.transfer(batch.planes, batch.slots[row], obj[offset : offset + nbytes], Direction.STORE)
                 continue
-            hashed = checksum.object_stripes(per_object)
+            hashed = checksum.object_stripes(per_object)[0]
             for offset, batch, row, nbytes in parts[index]:
                 backend.store_hashed(batch.planes, batch.slots[row], obj[offset : offset + nbytes], hashed, offset)
             hashed.finish(stripes[index])

@@ -223,7 +223,7 @@ class LayoutBinding:
         CRC-32C is missing: ``seal`` then hashes the objects in a pass."""
         if not self._hashes_host_objects():
             return None
-        return [checksum.object_stripes(fmt.payload_bytes) for _ in range(objects)]
+        return checksum.object_stripes(fmt.payload_bytes, objects)
 
     @staticmethod
     def finish_stripes(fmt: ChunkFormat, hashing: Sequence[ObjectStripes]) -> torch.Tensor:
@@ -266,7 +266,7 @@ class LayoutBinding:
         native CRC-32C) or an object's stripe table fails its trailer: then check them whole first (``corrupt``)."""
         if not self._hashes_host_objects():
             return None
-        checks = [checksum.object_check(host, fmt.payload_bytes) for host in hosts]
+        checks = checksum.object_checks(hosts, fmt.payload_bytes)
         return None if None in checks else [check for check in checks if check is not None]
 
     def load_layer_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
@@ -299,8 +299,7 @@ class LayoutBinding:
         mismatch the load stops; the objects after it are checked, not written, so every corrupt one is named."""
         self._check_usable()
         size = fmt.payload_bytes
-        for index, host in enumerate(hosts):
-            check = checksum.object_check(host, size)
+        for index, (host, check) in enumerate(zip(hosts, checksum.object_checks(hosts, size), strict=True)):
             if (check is None or not self._load_launches(fmt.launches, host, slots, index, check)
                     or not check.check(0, size)):
                 return [index] + [index + 1 + later for later in checksum.mismatched(hosts[index + 1 :], size)]
@@ -335,9 +334,10 @@ class LayoutBinding:
         self._check_usable()
         moved = fmt.launches if launches is None else tuple(launches)
         if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
+            if hashing is None and stripes is not None:
+                hashing = checksum.object_stripes(fmt.payload_bytes, len(hosts))
             for index, host in enumerate(hosts):
-                hashed = hashing[index] if hashing is not None else (
-                    checksum.object_stripes(fmt.payload_bytes) if stripes is not None else None)
+                hashed = hashing[index] if hashing is not None else None
                 for launch in moved:
                     region = host[launch.offset : launch.offset + launch.nbytes]
                     if hashed is None:

@@ -66,12 +66,13 @@ def stripe_room(payload_bytes: int, objects: int) -> torch.Tensor | None:
     return torch.empty((objects, stripe_count(payload_bytes)), dtype=torch.int32)
 
 
-def object_stripes(payload_bytes: int) -> ObjectStripes:
-    """An empty stripe state for one object of ``payload_bytes``, which a hashing store fills as it copies."""
+def object_stripes(payload_bytes: int, objects: int = 1) -> list[ObjectStripes]:
+    """Empty stripe states for ``objects`` objects of ``payload_bytes``, which a hashing store fills as it
+    copies (one allocation for all of them)."""
     lib = native()
     if lib is None:
         raise RuntimeError("stripe states need the native CRC-32C, which this process does not have")
-    return lib.object_stripes(payload_bytes, STRIPE_BYTES)
+    return lib.stripe_states(payload_bytes, STRIPE_BYTES, objects)
 
 
 @functools.cache
@@ -208,18 +209,26 @@ def stored_stripes(flat: torch.Tensor, payload_bytes: int) -> torch.Tensor | Non
     return stripes if tail[table:] == trailer(_of_table(stripes)) else None
 
 
-def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
-    """A load's stripe-by-stripe check of one host object against the CRCs it carries, or None when its table
-    does not match its trailer (the object is corrupt, or has none). Needs the native CRC-32C."""
+def object_checks(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[ObjectCheck | None]:
+    """A load's stripe-by-stripe check of each host object against the CRCs it carries, or None where its table
+    does not match its trailer (the object is corrupt, or has none). Needs the native CRC-32C, and each object
+    as a contiguous 1-D uint8 tensor in host memory (LMCache's are): the kernels take its address."""
     lib = native()
     if lib is None:
         raise RuntimeError("stripe checks need the native CRC-32C, which this process does not have")
-    if not _addressable(flat):
-        raise ValueError("a checked load needs its object as a contiguous 1-D uint8 tensor in host memory, got "
-                         f"{tuple(flat.shape)} {flat.dtype} on {flat.device}")
-    if flat.numel() < payload_bytes + tail_bytes(payload_bytes):
-        return None
-    return lib.open_object(flat, payload_bytes, STRIPE_BYTES, _MARK_WORD)
+    for flat in flats:
+        if not _addressable(flat):
+            raise ValueError("a checked load needs its object as a contiguous 1-D uint8 tensor in host memory, "
+                             f"got {tuple(flat.shape)} {flat.dtype} on {flat.device}")
+    whole = [flat.numel() >= payload_bytes + tail_bytes(payload_bytes) for flat in flats]
+    opened = iter(lib.open_objects([flat for flat, fits in zip(flats, whole, strict=True) if fits], payload_bytes,
+                                   STRIPE_BYTES, _MARK_WORD))
+    return [next(opened) if fits else None for fits in whole]
+
+
+def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
+    """``object_checks`` of one object."""
+    return object_checks([flat], payload_bytes)[0]
 
 
 def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:

@@ -97,8 +97,8 @@ class CpuBackend(KernelBackend):
             stripes.feed(buffer, offset)
             return
         status = lib.lmcp_transfer_crc(*call.args, torch.get_num_threads(), offset, stripes.stripe,
-                                       stripes.payload_bytes, stripes.registers.data_ptr(),
-                                       stripes.lengths.data_ptr())
+                                       stripes.payload_bytes, stripes.registers_address,
+                                       stripes.lengths_address)
         if status == -2:
             raise MemoryError("the native store could not allocate its list of hashed pieces")
         if status != 0:

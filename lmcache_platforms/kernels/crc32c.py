@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 
 import torch
 
@@ -82,19 +83,30 @@ class NativeCrc32c:
         then the trailer: their CRC-32C and ``mark`` (all little-endian uint32s)."""
         self._seal(address, payload_bytes, count, stripes, mark)
 
-    def open_object(self, flat: torch.Tensor, payload_bytes: int, stripe: int, mark: int) -> ObjectCheck | None:
-        """A load's check of the contiguous host object ``flat`` against the stripe CRCs it carries after its
-        payload, or None when its trailer does not hold ``mark`` and their CRC-32C."""
+    def open_objects(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
+                     mark: int) -> list[ObjectCheck | None]:
+        """A load's check of each contiguous host object of ``flats`` against the stripe CRCs it carries after its
+        payload (None where its trailer does not hold ``mark`` and their CRC-32C), from one allocation."""
         count = -(-payload_bytes // stripe)
-        room = torch.empty(2 * count, dtype=torch.int32)
-        address = room.data_ptr()
-        if not self._open(flat.data_ptr(), payload_bytes, count, mark, address, address + 4 * count):
-            return None
-        return ObjectCheck(self, flat, payload_bytes, stripe, room)
+        room = torch.empty(2 * count * len(flats), dtype=torch.int32)
+        base, checks = room.data_ptr(), []
+        for index, flat in enumerate(flats):
+            address = base + 8 * count * index
+            opened = self._open(flat.data_ptr(), payload_bytes, count, mark, address, address + 4 * count)
+            checks.append(ObjectCheck(self, flat, payload_bytes, stripe, room, index) if opened else None)
+        return checks
 
     def object_stripes(self, payload_bytes: int, stripe: int) -> ObjectStripes:
         """An empty stripe state for one object of ``payload_bytes`` bytes."""
-        return ObjectStripes(self, payload_bytes, stripe)
+        return self.stripe_states(payload_bytes, stripe, 1)[0]
+
+    def stripe_states(self, payload_bytes: int, stripe: int, objects: int) -> list[ObjectStripes]:
+        """Empty stripe states for ``objects`` objects of ``payload_bytes`` bytes, from one allocation (a store
+        makes one per object it writes, and inside a busy engine each tensor costs several microseconds)."""
+        count = -(-payload_bytes // stripe)
+        registers = torch.zeros(objects * count, dtype=torch.int32)
+        lengths = torch.zeros(objects * count, dtype=torch.int64)
+        return [ObjectStripes(self, payload_bytes, stripe, registers, lengths, index) for index in range(objects)]
 
     def crc(self, address: int, nbytes: int) -> int:
         """CRC-32C of ``nbytes`` at host ``address``."""
@@ -124,19 +136,32 @@ class NativeCrc32c:
 
 class ObjectStripes:
     """The stripe CRC-32Cs of one object's payload, built from its bytes in any order, each byte once (each
-    stripe's CRC register and byte count so far, in host memory the native code writes)."""
+    stripe's CRC register and byte count so far, in host memory the native code writes: this object's share,
+    ``index``, of ``registers`` and ``lengths``, which ``NativeCrc32c.stripe_states`` allocates for several)."""
 
-    def __init__(self, lib: NativeCrc32c, payload_bytes: int, stripe: int) -> None:
+    def __init__(self, lib: NativeCrc32c, payload_bytes: int, stripe: int, registers: torch.Tensor,
+                 lengths: torch.Tensor, index: int) -> None:
         self.lib, self.payload_bytes, self.stripe = lib, payload_bytes, stripe
-        count = -(-payload_bytes // stripe)
-        self.registers = torch.zeros(count, dtype=torch.int32)
-        self.lengths = torch.zeros(count, dtype=torch.int64)
+        self.count = -(-payload_bytes // stripe)
+        self._states, self._index = (registers, lengths), index
+        self.registers_address = registers.data_ptr() + 4 * index * self.count
+        self.lengths_address = lengths.data_ptr() + 8 * index * self.count
+
+    @property
+    def registers(self) -> torch.Tensor:
+        """This object's CRC registers (int32, one per stripe)."""
+        return self._states[0][self._index * self.count : (self._index + 1) * self.count]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """This object's bytes hashed so far (int64, one per stripe)."""
+        return self._states[1][self._index * self.count : (self._index + 1) * self.count]
 
     def feed(self, data: torch.Tensor, offset: int) -> None:
         """Adds ``data`` (host, contiguous), the payload's bytes at ``offset``."""
         nbytes = data.numel() * data.element_size()
         status = self.lib.accumulate(data.data_ptr(), nbytes, offset, self.stripe, self.payload_bytes,
-                                     self.registers.data_ptr(), self.lengths.data_ptr())
+                                     self.registers_address, self.lengths_address)
         if status != 0:
             raise RuntimeError(f"payload bytes [{offset}, {offset + nbytes}) overrun the {self.payload_bytes}-byte "
                                f"payload's stripes, {int(self.lengths.sum())} bytes hashed before them")
@@ -144,8 +169,8 @@ class ObjectStripes:
     def finish(self, out: torch.Tensor) -> None:
         """Writes the stripes' CRC-32Cs into ``out`` (int32, one per stripe, contiguous) once every payload byte
         came, exactly once."""
-        status = self.lib.finish(self.payload_bytes, self.stripe, self.registers.data_ptr(),
-                                 self.lengths.data_ptr(), out.data_ptr())
+        status = self.lib.finish(self.payload_bytes, self.stripe, self.registers_address, self.lengths_address,
+                                 out.data_ptr())
         if status != 0:
             raise RuntimeError(f"{int(self.lengths.sum())} payload bytes were hashed, the object has "
                                f"{self.payload_bytes}")
@@ -155,15 +180,22 @@ class ObjectCheck:
     """A load's check of one object against the stripe CRCs it carries: which stripes matched so far (one state
     each, in host memory the native code updates), so each is hashed once however many calls need it.
 
-    ``room`` holds the expected CRCs, then the states (zeroed): one int32 each per stripe, filled by
-    ``NativeCrc32c.open_object`` in one native call."""
+    Object ``index`` of ``room`` holds its expected CRCs, then its states (zeroed): one int32 each per stripe,
+    filled by ``NativeCrc32c.open_objects`` in one native call per object."""
 
     def __init__(self, lib: NativeCrc32c, flat: torch.Tensor, payload_bytes: int, stripe: int,
-                 room: torch.Tensor) -> None:
+                 room: torch.Tensor, index: int = 0) -> None:
         self.lib, self.flat, self.payload_bytes, self.stripe, self.room = lib, flat, payload_bytes, stripe, room
+        count = -(-payload_bytes // stripe)
+        self._expected = slice(2 * count * index, 2 * count * index + count)
         self.address = flat.data_ptr()
-        self.expected_address = room.data_ptr()
-        self.state_address = self.expected_address + 2 * room.numel()
+        self.expected_address = room.data_ptr() + 8 * count * index
+        self.state_address = self.expected_address + 4 * count
+
+    @property
+    def expected(self) -> torch.Tensor:
+        """The stripe CRCs this object is checked against."""
+        return self.room[self._expected]
 
     def check(self, start: int, end: int) -> bool:
         """Whether the stripes overlapping payload bytes ``[start, end)`` all match."""

@@ -4,9 +4,10 @@ Timing a whole engine with the checksum and again without it compares runs that 
 checksum does (the same configuration's runs differ by up to 80 % on a busy 2-core machine). Instead, in the
 engine pass (installed before the engine starts, measurement only), every host-object kernel call that hashes
 or checks (``CpuBackend.store_hashed``, ``CpuBackend.load_checked``) is paired with the plain call of the same
-arguments (``transfer``: the same bytes written to the same place), the two alternating which goes first so
-that neither always finds the other's bytes in cache; and the connector's calls that exist only for the
-checksum (reading and sealing an object's stripe table, the stripe states) are timed. The checksum's cost is
+arguments (``transfer``: the same bytes written to the same place), which of the two goes first drawn at
+random, so that neither always finds the other's bytes in cache or comes first after a forward pass; and the
+connector's calls that exist only for the checksum (reading and sealing an object's stripe table, the stripe
+states) are timed. The checksum's cost is
 then the kernels' difference plus those calls, and the cost without it is LMCache's own figure minus the paired
 plain calls, which ran inside it. While installed, a load's plain call may write a row before its checked
 twin refuses it: never for a serving engine, harmless for the bench's own intact objects.
@@ -18,6 +19,7 @@ patch registry.
 from __future__ import annotations
 
 import functools
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 # The connector's checksum-only calls, by direction: module functions of ``connector.checksum``, then methods.
 _PYTHON_CALLS = {
     "store": (("stripe_room", "object_stripes", "seal"), ("ObjectStripes.finish",)),
-    "load": (("object_check", "mismatched"), ("ObjectCheck.check",)),
+    "load": (("object_checks", "mismatched"), ("ObjectCheck.check",)),
 }
 
 
@@ -41,6 +43,10 @@ class Totals:
 
 
 TOTALS = Totals()
+# Which of a pair goes first, drawn per call: taking turns would put the same one first after every forward
+# pass whenever a request makes an even number of calls, and the first call after a forward finds vLLM's
+# OpenMP threads still spinning.
+_ORDER = random.Random(0)
 
 
 def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,7 +69,7 @@ def _paired(direction: str, hashing: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(hashing)
     def paired(backend: Any, planes: Any, slots: Any, buffer: Any, state: Any, offset: int) -> Any:
         TOTALS.calls[direction] += 1
-        plain_first = TOTALS.calls[direction] % 2 == 0
+        plain_first = _ORDER.random() < 0.5
         if plain_first:
             _plain(backend, planes, slots, buffer, plain_direction, direction)
         started = time.perf_counter()

@@ -54,8 +54,7 @@ def test_a_load_opens_an_object_only_when_its_whole_tail_is_intact(payload: int,
     checksum.seal([flat], payload)
     check = checksum.object_check(flat, payload)
     assert check is not None and check.check(0, payload)
-    expected = check.room[: check.room.numel() // 2]
-    assert torch.equal(expected, checksum.stripe_crcs([flat], payload)[0])
+    assert torch.equal(check.expected, checksum.stripe_crcs([flat], payload)[0])
     where = data.draw(st.integers(0, flat.numel() - 1))
     flat[where] ^= data.draw(st.integers(1, 255))
     check = checksum.object_check(flat, payload)
@@ -64,6 +63,26 @@ def test_a_load_opens_an_object_only_when_its_whole_tail_is_intact(payload: int,
     else:
         assert check is not None and not check.check(0, payload)
     assert checksum.object_check(flat[:-1], payload) is None  # no room for its trailer
+
+
+def test_several_objects_opened_together_each_get_their_own_table_and_verdict() -> None:
+    """``object_checks`` opens a load's objects from one allocation: each check holds its own object's CRCs and
+    states, a refused object is None in its place, and a flipped payload byte fails only its own object."""
+    torch.manual_seed(3)
+    payload = 2 * checksum.STRIPE_BYTES + 17
+    flats = [torch.randint(0, 256, (payload + tail_bytes(payload),), dtype=torch.uint8) for _ in range(5)]
+    checksum.seal(flats, payload)
+    flats[1][payload + 1] ^= 1  # its stripe table
+    flats[3] = flats[3][:-1]  # no room for its trailer
+    flats[4][5] ^= 1  # its payload: the table is intact
+    checks = checksum.object_checks(flats, payload)
+    assert [check is None for check in checks] == [False, True, False, True, False]
+    for index in (0, 2, 4):
+        assert torch.equal(checks[index].expected, checksum.stripe_crcs([flats[index]], payload)[0]) == (index != 4)
+    assert [checks[index].check(0, payload) for index in (0, 2, 4)] == [True, True, False]
+    with pytest.raises(ValueError, match=r"a checked load needs its object as a contiguous 1-D uint8 tensor in host "
+                                         r"memory, got \(\d+,\) torch.uint8 on cpu"):
+        checksum.object_checks([flats[0], torch.zeros(2 * flats[0].numel(), dtype=torch.uint8)[::2]], payload)
 
 
 def test_an_object_in_strided_memory_is_sealed_and_read_the_same_as_a_contiguous_one() -> None:
@@ -278,8 +297,8 @@ def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tie
 def _accepting_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks made to pass: stripes compared with the object's own bytes, whatever its table says."""
     monkeypatch.setattr(checksum, "mismatched", lambda flats, payload_bytes: [])
-    monkeypatch.setattr(checksum, "object_check", lambda flat, payload_bytes: check_against(
-        flat, payload_bytes, checksum.STRIPE_BYTES, checksum.stripe_crcs([flat], payload_bytes)[0]))
+    monkeypatch.setattr(checksum, "object_checks", lambda flats, payload_bytes: [check_against(
+        flat, payload_bytes, checksum.STRIPE_BYTES, checksum.stripe_crcs([flat], payload_bytes)[0]) for flat in flats])
 
 
 def test_without_verification_the_same_corruption_is_loaded(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,13 +45,25 @@ def test_a_pass_that_never_checked_a_host_object_has_no_figure() -> None:
     assert checksum_cost.cost(totals(load_calls=2, load_checksummed=0.001), "load", []) == none
 
 
+class Scripted:
+    """The order of each pair, scripted: below 0.5 the plain twin goes first."""
+
+    def __init__(self, draws: list[float]) -> None:
+        self.draws = draws
+
+    def random(self) -> float:
+        return self.draws.pop(0)
+
+
 def test_installed_each_call_runs_with_its_plain_twin_and_the_bytes_stay_exact(monkeypatch) -> None:
     monkeypatch.setattr(checksum_cost, "TOTALS", checksum_cost.Totals())
+    order = Scripted([0.9, 0.9, 0.1, 0.9, 0.1])  # the store; two intact loads, two corrupt ones: each order once
+    monkeypatch.setattr(checksum_cost, "_ORDER", order)
     checksum_cost.install(monkeypatch.setattr)
     planes, slots = parallel_group()
     payload = buffer_bytes(planes, slots.shape[-1])
     flat = torch.zeros(payload + checksum.tail_bytes(payload), dtype=torch.uint8)
-    stripes, hashed = checksum.stripe_room(payload, 1), checksum.object_stripes(payload)
+    stripes, (hashed,) = checksum.stripe_room(payload, 1), checksum.object_stripes(payload)
     CPU.store_hashed(planes, slots, flat[:payload], hashed, 0)
     hashed.finish(stripes[0])
     checksum.seal([flat], payload, stripes)
@@ -64,7 +76,7 @@ def test_installed_each_call_runs_with_its_plain_twin_and_the_bytes_stay_exact(m
         storage.zero_()
     reference = clone_planes(planes)
     TORCH.transfer(reference, slots, want, Direction.LOAD)
-    for _ in range(2):  # once the checked call first, once its plain twin
+    for _ in range(2):  # the checked call first, then its plain twin first
         check = checksum.object_check(flat, payload)
         assert CPU.load_checked(planes, slots, flat[:payload], check, 0) and check.check(0, payload)
     for got, expected in zip(allocations(planes), allocations(reference), strict=True):
@@ -73,6 +85,7 @@ def test_installed_each_call_runs_with_its_plain_twin_and_the_bytes_stay_exact(m
     flat[7] ^= 1  # the checked call's verdict is what the pair returns, whichever ran first
     assert [CPU.load_checked(planes, slots, flat[:payload], checksum.object_check(flat, payload), 0)
             for _ in range(2)] == [False, False]
+    assert order.draws == []
     seen = checksum_cost.TOTALS.as_dict()
     assert (seen["store_calls"], seen["load_calls"]) == (1, 4)
     assert all(seen[key] > 0 for key in ("store_checksummed", "store_plain", "store_python", "load_checksummed",
@@ -85,6 +98,6 @@ def test_without_install_nothing_is_paired_or_timed(monkeypatch) -> None:
     planes, slots = parallel_group()
     payload = buffer_bytes(planes, slots.shape[-1])
     flat = torch.zeros(payload + checksum.tail_bytes(payload), dtype=torch.uint8)
-    hashed = checksum.object_stripes(payload)
+    (hashed,) = checksum.object_stripes(payload)
     CPU.store_hashed(planes, slots, flat[:payload], hashed, 0)
     assert checksum_cost.TOTALS.as_dict() == checksum_cost.Totals().as_dict()
