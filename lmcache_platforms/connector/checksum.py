@@ -11,7 +11,7 @@ The checksum is the CRC-32C of the table, the list of CRC-32Cs of the payload's 
 store into host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it
 (``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``; layer by layer too, the pieces joining in
 any order: ``LayoutBinding.layer_stripes``), and a load from host objects checks
-each stripe against the table just before its rows are written (``object_check``,
+each stripe against the table just before its rows are written (``object_checks``,
 ``KernelBackend.load_checked``, also layer by layer: ``LayoutBinding.load_layer_checked``): no second pass
 over the object either way. Otherwise (a store or load staged on a device that cannot hash) the
 native CPU library hashes the objects (``kernels.crc32c``: an AVX-512 carry-less fold, or the
