@@ -5,7 +5,8 @@ It records, it does not emulate: streams and events only append to ``log`` (``st
 the current stream, as the real context manager does, so code asking for the current stream sees it).
 ``watching`` adds what torch itself ran while a stream was current: every in-place write (kernels,
 ``copy_``) to a tensor the caller names, every other op reading one (views aside), and every pinned
-allocation (served from ordinary memory: this CPU build of torch has no pinned allocator). Nothing is
+allocation (served from ordinary memory: this CPU build of torch has no pinned allocator); and each seal of
+stored objects, which the native library writes outside torch. Nothing is
 delayed or reordered, so a test reads the log as the order in which a real device was asked to do things.
 """
 
@@ -15,9 +16,12 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from lmcache_platforms.connector import checksum
 
 Entry = tuple[Any, ...]
 Tagger = Callable[[torch.Tensor], str | None]
@@ -130,8 +134,16 @@ class FakeDeviceRuntime:
 
     @contextlib.contextmanager
     def watching(self, tag: Tagger) -> Iterator[None]:
-        """Also log torch's in-place writes to tensors ``tag`` names, and pinned allocations (see the module)."""
-        with _Watcher(self, tag):
+        """Also log torch's in-place writes to tensors ``tag`` names, pinned allocations (see the module), and
+        each seal of stored objects as ``("seal", stream, objects)``: the native library writes their stripe
+        tables and trailers at their addresses, which no torch dispatch sees."""
+        sealing = checksum.seal
+
+        def seal(flats: Any, payload_bytes: int, stripes: Any = None) -> None:
+            self.log.append(("seal", self.current_stream().name, len(flats)))
+            sealing(flats, payload_bytes, stripes)
+
+        with _Watcher(self, tag), mock.patch.object(checksum, "seal", seal):
             yield
 
 

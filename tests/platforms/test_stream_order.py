@@ -100,7 +100,7 @@ def expected_store(store: str, chunks: int) -> list[Entry]:
     (sealed only when its bytes are final)."""
     gather, copy = kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)
     return [("wait_stream", store, "default"), ("enter", store), gather, *[copy] * chunks, ("exit", store),
-            ("stream_synchronize", store), *[("copy", "default", None, "host", False)] * chunks]
+            ("stream_synchronize", store), ("seal", "default", chunks)]
 
 
 def expected_load(load: str, chunks: int, event: str) -> list[Entry]:
@@ -150,7 +150,8 @@ def test_a_batch_larger_than_the_scratch_moves_a_scratch_full_at_a_time(accelera
             layout).payload_bytes
     assert verdict.bit_exact, verdict.problems
     gather, copy_out = kernel(store, "kv", "scratch.store"), ("copy", store, "scratch.store", "host", True)
-    assert store_log[2:-2 - chunks] == [gather, copy_out, copy_out, copy_out, gather, copy_out]
+    assert store_log[2:-3] == [gather, copy_out, copy_out, copy_out, gather, copy_out]
+    assert store_log[-1] == ("seal", "default", chunks)
     copy_in, scatter = ("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")
     assert load_log[1:-4] == [copy_in, copy_in, copy_in, scatter, copy_in, scatter]
 
@@ -242,7 +243,7 @@ def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_
     assert store_log == [("wait_stream", store, "default"), ("enter", store),
                          *[entry for wait in per_layer for entry in (wait, *gathered)],
                          ("exit", store), ("stream_synchronize", store),
-                         *[("copy", "default", None, "host", False)] * chunks]
+                         ("seal", "default", chunks)]
     assert len(set(waits)) == len(layers)
     records = [entry[1] for entry in load_log if entry[0] == "record"]
     queued = [*[("copy", load, "host", "scratch.load", True)] * chunks, kernel(load, "scratch.load", "kv")]
