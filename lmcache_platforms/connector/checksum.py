@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes, native
+from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes, native, table_stripes
 
 TRAILER_BYTES = 8
 STRIPE_BYTES = 64 << 10
@@ -110,7 +110,7 @@ def _runs(objects: int, count: int, workers: int) -> list[list[tuple[int, int, i
 
 def stripe_count(payload_bytes: int) -> int:
     """Stripes of a ``payload_bytes`` payload (at least one)."""
-    return max(1, -(-payload_bytes // STRIPE_BYTES))
+    return table_stripes(payload_bytes, STRIPE_BYTES)
 
 
 def tail_bytes(payload_bytes: int) -> int:

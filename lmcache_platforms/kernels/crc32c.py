@@ -25,6 +25,11 @@ from lmcache_platforms.log import init_logger
 logger = init_logger(__name__)
 
 
+def table_stripes(payload_bytes: int, stripe: int) -> int:
+    """Entries of an object's stripe table: one per stripe, and one for an empty payload."""
+    return max(1, -(-payload_bytes // stripe))
+
+
 class NativeCrc32c:
     """The library's CRC-32C entry points, argument types set."""
 
@@ -87,7 +92,7 @@ class NativeCrc32c:
                      mark: int) -> list[ObjectCheck | None]:
         """A load's check of each contiguous host object of ``flats`` against the stripe CRCs it carries after its
         payload (None where its trailer does not hold ``mark`` and their CRC-32C), from one allocation."""
-        count = -(-payload_bytes // stripe)
+        count = table_stripes(payload_bytes, stripe)
         room = torch.empty(2 * count * len(flats), dtype=torch.int32)
         base, checks = room.data_ptr(), []
         for index, flat in enumerate(flats):
@@ -186,7 +191,7 @@ class ObjectCheck:
     def __init__(self, lib: NativeCrc32c, flat: torch.Tensor, payload_bytes: int, stripe: int,
                  room: torch.Tensor, index: int = 0) -> None:
         self.lib, self.flat, self.payload_bytes, self.stripe, self.room = lib, flat, payload_bytes, stripe, room
-        count = -(-payload_bytes // stripe)
+        count = table_stripes(payload_bytes, stripe)
         self._expected = slice(2 * count * index, 2 * count * index + count)
         self.address = flat.data_ptr()
         self.expected_address = room.data_ptr() + 8 * count * index
