@@ -39,9 +39,8 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes, native, table_stripes
+from lmcache_platforms.kernels.crc32c import TRAILER_BYTES, ObjectCheck, ObjectStripes, native, table_stripes
 
-TRAILER_BYTES = 8
 STRIPE_BYTES = 64 << 10
 _MARK = b"LMCk"
 _TRAILER = struct.Struct("<I4s")
@@ -178,12 +177,12 @@ def seal(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tenso
     """Write each object's stripe table and trailer right after its payload (the objects' bytes must be final;
     ``stripes`` as for ``checksums``)."""
     rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
+    lib = native()
     for flat, row in zip(flats, rows, strict=True):
         table = 4 * row.numel()
         if flat.numel() * flat.element_size() < payload_bytes + table + TRAILER_BYTES:
             raise ValueError(f"an object of {flat.numel() * flat.element_size()} bytes has no room after its "
                              f"{payload_bytes}-byte payload for the {table}-byte stripe table and the trailer")
-        lib = native()
         if lib is not None and _addressable(flat):
             lib.seal(flat.data_ptr(), payload_bytes, row.numel(), row.data_ptr(), _MARK_WORD)
             continue
@@ -220,10 +219,7 @@ def object_checks(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[Obj
         if not _addressable(flat):
             raise ValueError("a checked load needs its object as a contiguous 1-D uint8 tensor in host memory, "
                              f"got {tuple(flat.shape)} {flat.dtype} on {flat.device}")
-    whole = [flat.numel() >= payload_bytes + tail_bytes(payload_bytes) for flat in flats]
-    opened = iter(lib.open_objects([flat for flat, fits in zip(flats, whole, strict=True) if fits], payload_bytes,
-                                   STRIPE_BYTES, _MARK_WORD))
-    return [next(opened) if fits else None for fits in whole]
+    return lib.open_objects(flats, payload_bytes, STRIPE_BYTES, _MARK_WORD)
 
 
 def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:

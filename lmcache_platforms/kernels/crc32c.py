@@ -25,6 +25,10 @@ from lmcache_platforms.log import init_logger
 logger = init_logger(__name__)
 
 
+# After an object's stripe table: the table's CRC-32C and a 4-byte mark (what lmcp_crc32c_open reads).
+TRAILER_BYTES = 8
+
+
 def table_stripes(payload_bytes: int, stripe: int) -> int:
     """Entries of an object's stripe table: one per stripe, and one for an empty payload."""
     return max(1, -(-payload_bytes // stripe))
@@ -90,14 +94,16 @@ class NativeCrc32c:
 
     def open_objects(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
                      mark: int) -> list[ObjectCheck | None]:
-        """A load's check of each contiguous host object of ``flats`` against the stripe CRCs it carries after its
-        payload (None where its trailer does not hold ``mark`` and their CRC-32C), from one allocation."""
+        """A load's check of each contiguous host uint8 object of ``flats`` against the stripe CRCs it carries
+        after its payload, from one allocation; None where the object is too short to hold its table and
+        trailer, or its trailer does not hold ``mark`` and their CRC-32C."""
         count = table_stripes(payload_bytes, stripe)
         room = torch.empty(2 * count * len(flats), dtype=torch.int32)
         base, checks = room.data_ptr(), []
         for index, flat in enumerate(flats):
             address = base + 8 * count * index
-            opened = self._open(flat.data_ptr(), payload_bytes, count, mark, address, address + 4 * count)
+            opened = flat.numel() >= payload_bytes + 4 * count + TRAILER_BYTES and self._open(
+                flat.data_ptr(), payload_bytes, count, mark, address, address + 4 * count)
             checks.append(ObjectCheck(self, flat, payload_bytes, stripe, room, index) if opened else None)
         return checks
 

@@ -191,16 +191,16 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
     if same_engine:
         stored = Transfers(stored.tokens[:len(served)], stored.bytes[:len(served)], stored.seconds[:len(served)])
         warm, loaded = cold["requests"][len(served):], parse_lines(cold_log, "load")
-        memcpy_s, loading, loading_log = cold["memcpy_s"], cold, cold_log
+        memcpy_s, loading = cold["memcpy_s"], cold
     else:
         loading = runner.run(f"{tier}-warm", _spec(bench, model_dir, served, f"{tier}-warm", per_request), env)
-        warm, memcpy_s, loading_log = loading["requests"], loading["memcpy_s"], runner.logs[-1].read_text()
-        loaded = parse_lines(loading_log, "load")
+        warm, memcpy_s = loading["requests"], loading["memcpy_s"]
+        loaded = parse_lines(runner.logs[-1].read_text(), "load")
     memcpy_gbps = per_request / memcpy_s / 1e9
     costs = {}
     if bench.checksum_cost:  # over every store and load of the pass, the warm-up's included, as the totals are
         costs = {**checksum_cost.cost(cold["checksum_cost"], "store", parse_lines(cold_log, "store").seconds),
-                 **checksum_cost.cost(loading["checksum_cost"], "load", parse_lines(loading_log, "load").seconds)}
+                 **checksum_cost.cost(loading["checksum_cost"], "load", loaded.seconds)}
     return {
         "tier": tier,
         "mode": mode,
