@@ -7,9 +7,9 @@ as the load writes, as the connector does on CPU memory objects), and plain copi
 (`Tensor.copy_`, and on CPU a contiguous copy through the native library's thread pool; same thread count, the
 faster one is the memcpy reference) are timed in interleaved rounds after a warm-up, best of --repeats each;
 where upstream LMCache 0.5.6's own torch path can move the layout, it is timed the same way against its own
-copies. On an accelerator the whole path to LMCache's pinned host objects is timed against a pinned copy, also
-with the objects' checksum made on the device and on the host, and on CUDA the GPU time alone (CUDA graph
-replay) against a device copy replayed the same way.
+copies. On an accelerator the connector's own path to LMCache's pinned host objects (``LayoutBinding``) is timed
+against a pinned copy, also with the objects' checksum made on the device and on the host, and on CUDA the GPU
+time alone (CUDA graph replay) against a device copy replayed the same way.
 """
 
 from __future__ import annotations
@@ -206,7 +206,6 @@ def _upstream_path(spec, block_ids, chunks: int, device, seed: int):
 def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     """Best store, load and same-size copy seconds over every whole chunk, and the launches per chunk."""
     from lmcache_platforms.config import PlatformSettings
-    from lmcache_platforms.connector.chunk_format import paged_format
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.kernels.registry import select_backend
     from lmcache_platforms.layout.plane import buffer_bytes
@@ -232,8 +231,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
         works.update(_checksummed(objects, batches, backend, load, moved))
     else:
-        works.update(_through_pinned_host(objects, store, load, moved, device, sync,
-                                          paged_format(layout).payload_bytes))
+        works.update(_through_binding(layout, block_ids, chunks, preference, moved, device))
     works.update({name: work for name, (work, _) in copies.items()})
     best = best_of_rounds(works, sync, args.repeats)
     best.update(best_copy(best, copies))
@@ -243,78 +241,61 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     return {"backend": backend.name, "bytes": moved, "launches_per_chunk": launches, **best}
 
 
-def _through_pinned_host(objects: list[torch.Tensor], store: Callable[[], None], load: Callable[[], None],
-                         moved: int, device, sync: Callable[[], None],
-                         payload: int) -> dict[str, Callable[[], object]]:
-    """On an accelerator, the connector's whole path to LMCache's pinned host objects (the kernels into a device
-    buffer, then one copy per chunk across the bus, as ``LayoutBinding`` stages it), and the reference that path
-    is judged against: a plain pinned copy of the same bytes each way. Then the same paths with each object's
-    checksum (``payload`` bytes of each), both ways the connector makes it where it can: stripe CRCs from the
-    device (``kernels.triton_crc32c``: a store hashes what it staged, a load what crossed, read back before
-    writing) and from the host over the pinned objects (a store after its copies, a load before them, as where
-    the device cannot hash: no Triton, a failed self-check, or vLLM's layer-by-layer loads)."""
+def _through_binding(layout, block_ids, chunks: int, backend: str, moved: int,
+                     device) -> dict[str, Callable[[], object]]:
+    """On an accelerator, the connector's own path to LMCache's pinned host objects (``LayoutBinding``: the
+    kernels into its device scratch a scratch-full at a time, then one copy per chunk across the bus, on its
+    transfer streams), and the reference that path is judged against: a plain pinned copy of the same bytes each
+    way. Then the same with each object's checksum, both ways the binding makes it: stripe CRCs from the device
+    (``kernels.triton_crc32c``, where the binding found the kernel agreeing with the host) and from a pass over
+    the host objects (a store after its copies, a load before them, as where the device cannot hash)."""
     import torch
 
-    from lmcache_platforms.connector import checksum
-    from lmcache_platforms.kernels import triton_crc32c
+    from lmcache_platforms.connector.binding import LayoutBinding
+    from lmcache_platforms.connector.chunk_format import paged_format
 
-    hosts = [torch.empty(obj.numel(), dtype=torch.uint8, pin_memory=True) for obj in objects]
+    fmt = paged_format(layout)
+    binding = LayoutBinding(layout, [fmt], backend)
+    device_hashes = binding.hashes_on_device
+    hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(chunks)]
+    starts = [c * layout.chunk_size for c in range(chunks)]
+    slots = binding.chunk_slots(fmt, block_ids, starts, [start + layout.chunk_size for start in starts])
 
-    def store_to_host() -> None:
-        store()
-        for obj, host in zip(objects, hosts, strict=True):
-            host.copy_(obj, non_blocking=True)
+    def store(on_device: bool, sealed: bool) -> Callable[[], None]:
+        def move() -> None:
+            binding.hashes_on_device = on_device
+            with binding.streams.storing():
+                stripes = binding.store_chunks(fmt, hosts, slots)
+            binding.streams.finish_store()
+            if sealed:
+                binding.seal(fmt, hosts, stripes)
 
-    def load_from_host() -> None:
-        for obj, host in zip(objects, hosts, strict=True):
-            obj.copy_(host, non_blocking=True)
-        load()
+        return move
+
+    def load(on_device: bool, checked: bool) -> Callable[[], None]:
+        def move() -> None:
+            binding.hashes_on_device = on_device
+            if checked and (corrupt := binding.load_verified(fmt, hosts, slots)):
+                raise RuntimeError(f"bench: sealed objects {corrupt} failed their checksum")
+            if not checked:
+                with binding.streams.loading():
+                    binding.load_chunks(fmt, hosts, slots, fmt.launches)
+            binding.streams.finish_load()
+
+        return move
 
     pinned = torch.empty(moved, dtype=torch.uint8, pin_memory=True)
     on_device = torch.empty(moved, dtype=torch.uint8, device=device)
     works: dict[str, Callable[[], object]] = {
-        "store_to_host": store_to_host, "load_from_host": load_from_host,
+        "store_to_host": store(False, False), "load_from_host": load(False, False),
         "pinned_d2h": lambda: pinned.copy_(on_device, non_blocking=True),
-        "pinned_h2d": lambda: on_device.copy_(pinned, non_blocking=True)}
-    if not checksum.stripes_are_crc32c() or not triton_crc32c.usable(device.type, device):
-        return works
-    nbytes = objects[0].numel()
-    staged = objects[0].as_strided((len(objects) * nbytes,), (1,))  # the objects side by side, as in the scratch
-    stripes = torch.empty((len(objects), -(-payload // checksum.STRIPE_BYTES)), dtype=torch.int32, pin_memory=True)
-
-    def verified(corrupt: list[int]) -> None:
-        if corrupt:
-            raise RuntimeError(f"bench: sealed objects {corrupt} failed their checksum")
-
-    def store_hashed_on_device() -> None:
-        store()
-        stripes.copy_(triton_crc32c.stripe_crcs(staged, len(objects), nbytes, payload), non_blocking=True)
-        for obj, host in zip(objects, hosts, strict=True):
-            host.copy_(obj, non_blocking=True)
-        sync()
-        checksum.seal(hosts, payload, stripes)
-
-    def load_checked_on_device() -> None:
-        for obj, host in zip(objects, hosts, strict=True):
-            obj.copy_(host, non_blocking=True)
-        stripes.copy_(triton_crc32c.stripe_crcs(staged, len(objects), nbytes, payload), non_blocking=True)
-        sync()
-        verified(checksum.mismatched(hosts, payload, stripes))
-        load()
-
-    def store_hashed_on_host() -> None:
-        store_to_host()
-        sync()
-        checksum.seal(hosts, payload)
-
-    def load_checked_on_host() -> None:
-        verified(checksum.mismatched(hosts, payload))
-        load_from_host()
-
-    store_hashed_on_device()  # sealed before the first load checks them
-    return {**works, "store_to_host_device_checksum": store_hashed_on_device,
-            "load_from_host_device_checksum": load_checked_on_device,
-            "store_to_host_host_checksum": store_hashed_on_host, "load_from_host_host_checksum": load_checked_on_host}
+        "pinned_h2d": lambda: on_device.copy_(pinned, non_blocking=True),
+        "store_to_host_host_checksum": store(False, True), "load_from_host_host_checksum": load(False, True)}
+    store(device_hashes, True)()  # sealed before the first load checks them
+    if device_hashes:
+        works.update({"store_to_host_device_checksum": store(True, True),
+                      "load_from_host_device_checksum": load(True, True)})
+    return works
 
 
 def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, load: Callable[[], None],
