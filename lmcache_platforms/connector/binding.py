@@ -27,6 +27,9 @@ logger = init_logger(__name__)
 # Device scratch a batch of chunks is staged through (per direction): each launch moves as many chunks as fit,
 # at least one. vLLM sized its KV cache without it, so it stays small next to GPU memory.
 BATCH_SCRATCH_BYTES = 64 << 20
+# A load hashes the objects that crossed into the scratch in runs of at least this many bytes, each while the
+# next ones cross: 4 MiB take the bus about 75 us, several launches' worth, so the runs cost no launch time.
+HASH_RUN_BYTES = 4 << 20
 
 
 def batch_runs(chunks: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
@@ -204,9 +207,10 @@ class LayoutBinding:
         inside ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``).
         Staged through device scratch, each launch moves a scratch-full of chunks at once (see
         ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object. Whole chunks staged on a GPU are
-        hashed there too: returns their stripe CRCs for ``seal`` (pinned host memory, final once the store stream
-        is finished); whole chunks stored straight into host objects get them from the store kernels, which hash
-        each byte as they copy it (``KernelBackend.store_hashed``); else None. ``hashing`` (``layer_stripes``):
+        hashed there too, on a side stream while they cross: returns their stripe CRCs for ``seal`` (pinned host
+        memory, final once the store stream is finished); whole chunks stored straight into host objects get
+        them from the store kernels, which hash each byte as they copy it (``KernelBackend.store_hashed``); else
+        None. ``hashing`` (``layer_stripes``):
         the objects' stripe states one layer's pieces add to, hashed as they are copied too."""
         stripes = None
         if launches is None and self.scratch:
@@ -248,8 +252,10 @@ class LayoutBinding:
         the verified bytes before it were written, which the failed load's recompute overwrites. Host objects
         (the native library built) are checked stripe by stripe against the CRCs they carry, each stripe just
         before its rows are written (``_load_checked``), so its bytes are read from memory once. Staged on a GPU
-        each scratch-full is checked there once it has crossed, before its own launches (the device hashes far
-        faster than the bus moves, and a host pass in a vLLM worker runs on one thread). Otherwise every object
+        each run of objects is hashed there once it has crossed, on a side stream while the next ones cross
+        (``HASH_RUN_BYTES``), and each scratch-full's CRCs are read back and compared with those its objects
+        carry before its own launches (the device hashes far faster than the bus moves, and a host pass in a
+        vLLM worker runs on one thread). Otherwise every object
         is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
         if stripes is None and self._hashes_host_objects():
@@ -329,8 +335,8 @@ class LayoutBinding:
     def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
                      direction: Direction, launches: Sequence[Launch] | None, stripes: torch.Tensor | None,
                      hashing: Sequence[ObjectStripes] | None = None) -> list[int]:
-        """Returns the corrupt objects' indices when a load checks ``stripes`` (before any launch); stores fill
-        them, or add to ``hashing`` (host objects)."""
+        """Returns the corrupt objects' indices when a load checks ``stripes`` (before its scratch-full's
+        launches); stores fill them, or add to ``hashing`` (host objects)."""
         self._check_usable()
         moved = fmt.launches if launches is None else tuple(launches)
         if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
@@ -350,28 +356,37 @@ class LayoutBinding:
         size = fmt.payload_bytes
         # Whole chunks cross in one copy each; one layer's pieces each in their own.
         spans = [(0, size)] if launches is None else [(piece.offset, piece.offset + piece.nbytes) for piece in moved]
+        stream = self.streams.store_stream if direction is Direction.STORE else self.streams.load_stream
         for first, count, scratch in self._batches(fmt, len(hosts), direction):
             pieces = [(scratch[i * size + start : i * size + end], hosts[first + i][start:end])
                       for i in range(count) for start, end in spans]
             if direction is Direction.LOAD:
-                for piece, host in pieces:
+                run = 0  # the first object not hashed yet
+                for index, (piece, host) in enumerate(pieces):
                     piece.copy_(host, non_blocking=True)
+                    if stripes is not None and ((index + 1 - run) * size >= HASH_RUN_BYTES or index + 1 == count):
+                        with self.streams.beside(stream):  # hashed while the next objects cross
+                            crcs = triton_crc32c.stripe_crcs(scratch[run * size :], index + 1 - run, size, size)
+                            stripes[first + run : first + index + 1].copy_(crcs, non_blocking=True)
+                        run = index + 1
                 if stripes is not None:  # load_verified: this scratch-full checked before its own writes
-                    ours = stripes[first : first + count]
-                    ours.copy_(triton_crc32c.stripe_crcs(scratch, count, size, size), non_blocking=True)
-                    self.streams.wait_loads()
-                    corrupt = checksum.mismatched(hosts[first : first + count], size, ours)
+                    carried = checksum.carried_stripes(hosts[first : first + count], size)
+                    self.streams.wait_side(stream)
+                    corrupt = checksum.differing(carried, stripes[first : first + count])
                     if corrupt:
                         return [first + index for index in corrupt]
             for launch in moved:
                 rows = slots[launch.tg.group][first : first + count]
                 self._transfer_chunks(launch, rows, scratch[launch.offset :], size, direction)
             if direction is Direction.STORE:
-                if stripes is not None:
-                    stripes[first : first + count].copy_(triton_crc32c.stripe_crcs(scratch, count, size, size),
-                                                         non_blocking=True)
+                if stripes is not None:  # hashed beside the copies to the host, which read the scratch too
+                    with self.streams.beside(stream):
+                        crcs = triton_crc32c.stripe_crcs(scratch, count, size, size)
+                        stripes[first : first + count].copy_(crcs, non_blocking=True)
                 for piece, host in pieces:
                     host.copy_(piece, non_blocking=True)
+                if stripes is not None:  # the next scratch-full's kernels overwrite what the hash reads
+                    self.streams.rejoin(stream)
         return []
 
     def _batches(self, fmt: ChunkFormat, chunks: int, direction: Direction) -> Iterator[tuple[int, int, torch.Tensor]]:

@@ -237,3 +237,18 @@ def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch
         if stored is None or not torch.equal(stored, row):
             out.append(index)
     return out
+
+
+def carried_stripes(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[torch.Tensor | None]:
+    """The stripe CRCs each object carries, or None where its table does not match its trailer: what a load
+    compares with the CRCs the device computed (``differing``)."""
+    if native() is not None and all(map(_addressable, flats)):
+        return [check.expected if check is not None else None for check in object_checks(flats, payload_bytes)]
+    return [stored_stripes(flat, payload_bytes) for flat in flats]
+
+
+def differing(carried: Sequence[torch.Tensor | None], stripes: torch.Tensor) -> list[int]:
+    """Indices of the objects whose stripe CRCs (``stripes``, ``[objects, stripes]`` int32 in host memory)
+    differ from those they carry (``carried_stripes``)."""
+    return [index for index, (table, row) in enumerate(zip(carried, stripes, strict=True))
+            if table is None or not torch.equal(table, row)]

@@ -21,12 +21,39 @@ def platform_for(device: torch.device) -> Platform:
 
 
 class TransferStreams:
-    """One stream per direction; stores wait for the forward's writes, loads finish before returning."""
+    """One stream per direction; stores wait for the forward's writes, loads finish before returning. Beside
+    each, a side stream for work that only reads what its direction staged (the device's stripe CRCs), so it
+    runs while the direction's own stream copies across the bus."""
 
     def __init__(self, platform: Platform) -> None:
         self.platform = platform
         self.store_stream = platform.new_stream()
         self.load_stream = platform.new_stream()
+        self._sides = {"store": platform.new_stream(), "load": platform.new_stream()}
+
+    def side(self, stream: Any) -> Any:
+        """The side stream of ``stream`` (the store or load stream)."""
+        return self._sides["store" if stream is self.store_stream else "load"]
+
+    @contextlib.contextmanager
+    def beside(self, stream: Any) -> Iterator[None]:
+        """Run the body on the side stream of ``stream`` (the store or load stream), after everything ``stream``
+        queued so far; what ``stream`` queues next does not wait for it (``rejoin``, ``wait_side``)."""
+        side = self.side(stream) if stream is not None else None
+        if side is not None:
+            side.wait_stream(stream)
+        with self.platform.stream_context(side):
+            yield
+
+    def rejoin(self, stream: Any) -> None:
+        """Make ``stream`` wait for what its side stream queued (before it overwrites what the side reads)."""
+        if stream is not None:
+            stream.wait_stream(self.side(stream))
+
+    def wait_side(self, stream: Any) -> None:
+        """Block until what the side stream of ``stream`` queued is done (its results may be read on the host)."""
+        if stream is not None:
+            self.side(stream).synchronize()
 
     @contextlib.contextmanager
     def storing(self) -> Iterator[None]:

@@ -73,13 +73,17 @@ def test_chunks_moved_layer_by_layer_come_back_bit_exact(layout_name):
     assert verdict.rows_checked > 0
 
 
+@pytest.mark.parametrize("run_bytes", [binding_module.HASH_RUN_BYTES, 1], ids=["runs", "object-by-object"])
 @pytest.mark.parametrize("scratch_bytes", [binding_module.BATCH_SCRATCH_BYTES, 1], ids=["one-batch", "a-chunk-each"])
 @pytest.mark.parametrize("fault_chunk", [0, -1], ids=["first", "last"])
-def test_a_flipped_host_byte_is_refused_before_its_rows_are_written(scratch_bytes, fault_chunk, monkeypatch):
-    """Each scratch-full is checked on the device before its own launches: with every chunk in one, or the
-    corrupt chunk first, nothing is written (every stored row reads back as the zeros the planes were wiped to);
-    with a chunk per scratch-full and the corrupt one last, the verified chunks before it are written, it is not."""
+def test_a_flipped_host_byte_is_refused_before_its_rows_are_written(scratch_bytes, fault_chunk, run_bytes,
+                                                                    monkeypatch):
+    """Each scratch-full is hashed on the device as it crosses (in runs of objects, or object by object) and
+    checked before its own launches: with every chunk in one, or the corrupt chunk first, nothing is written
+    (every stored row reads back as the zeros the planes were wiped to); with a chunk per scratch-full and the
+    corrupt one last, the verified chunks before it are written, it is not."""
     monkeypatch.setattr(binding_module, "BATCH_SCRATCH_BYTES", scratch_bytes)
+    monkeypatch.setattr(binding_module, "HASH_RUN_BYTES", run_bytes)
     verdict = _store_and_load("gemma3", "bundled", plant_fault=True, fault_chunk=fault_chunk)
     assert not verdict.bit_exact
     if scratch_bytes > 1 or fault_chunk == 0:

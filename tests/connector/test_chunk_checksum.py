@@ -85,6 +85,30 @@ def test_several_objects_opened_together_each_get_their_own_table_and_verdict() 
         checksum.object_checks([flats[0], torch.zeros(2 * flats[0].numel(), dtype=torch.uint8)[::2]], payload)
 
 
+@pytest.mark.parametrize("strided", [False, True])
+def test_a_load_checked_on_the_device_compares_its_crcs_with_the_carried_ones(strided: bool) -> None:
+    """What a GPU load compares: the stripe CRCs each object carries (read from host memory while the chunks
+    cross) against those the device computed. Intact objects pass (the negative control); a flipped CRC from the
+    device names its object, and so does an object whose table fails its trailer; objects not at one address
+    (strided views) read the same through tensor copies."""
+    torch.manual_seed(5)
+    payload = 2 * checksum.STRIPE_BYTES + 40
+    size = payload + tail_bytes(payload)
+    backing = torch.randint(0, 256, (4, 2 * size), dtype=torch.uint8)
+    flats = [row[::2] if strided else row[:size] for row in backing]
+    checksum.seal(flats, payload)
+    computed = checksum.stripe_crcs(flats, payload)
+    carried = checksum.carried_stripes(flats, payload)
+    assert all(torch.equal(table, row) for table, row in zip(carried, computed, strict=True))
+    assert checksum.differing(carried, computed) == []
+    computed[2, 1] ^= 1 << 7
+    assert checksum.differing(carried, computed) == [2]
+    flats[1][payload + 3] ^= 1  # its stripe table: refused without looking at the payload
+    carried = checksum.carried_stripes(flats, payload)
+    assert [table is None for table in carried] == [False, True, False, False]
+    assert checksum.differing(carried, computed) == [1, 2]
+
+
 def test_an_object_in_strided_memory_is_sealed_and_read_the_same_as_a_contiguous_one() -> None:
     """Contiguous host objects are sealed and read at their address; any other view goes through tensor copies,
     with the same bytes either way."""

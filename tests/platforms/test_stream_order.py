@@ -269,18 +269,40 @@ def xpu_with_triton(monkeypatch) -> Iterator[FakeDeviceRuntime]:
     triton_crc32c._kernel.cache_clear()
 
 
-def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing(xpu_with_triton) -> None:
-    """Store: the stripe CRCs cross from the device with the chunks, on the store stream, and seal them as the
-    host would. Load: the chunks cross, their CRCs are computed and read back (the load stream synchronized)
-    BEFORE the kernels write the KV cache; a flipped byte is refused there, nothing written."""
+def hashed_in(load: str, side: str, objects: int = 1) -> list[Entry]:
+    """A run of objects crossing into the load scratch, then hashed there on the side stream once the load
+    stream's copies so far are done, while the next objects cross (Triton's interpreter then copies the argument
+    it read back into place, a blocking copy of the scratch onto itself, a step a GPU does not have)."""
+    return [*[("copy", load, "host", "scratch.load", True)] * objects, ("wait_stream", side, load),
+            ("enter", side), ("kernel", side, frozenset({"scratch.load"}), frozenset()),
+            ("copy", side, "scratch.load", "scratch.load", False), ("exit", side)]
+
+
+def staged_engine(layout: KVLayout, backend: str) -> LayoutEngine:
+    return LayoutEngine(layout, StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128)),
+                        kernel_backend=backend)
+
+
+@pytest.mark.parametrize("run_bytes", [binding_module.HASH_RUN_BYTES, 1])
+def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing(xpu_with_triton, monkeypatch,
+                                                                                run_bytes: int) -> None:
+    """Store: the stripe CRCs are made on a side stream once the kernels filled the scratch, beside the copies to
+    the host objects (which read the scratch too); the store stream waits for them before it is done, and the
+    host seals with them as it would hash. Load: each run of objects is hashed on the side stream once it
+    crossed, the host waits for the side stream (the CRCs read back) BEFORE the kernels write the KV cache; a
+    flipped byte is refused there, nothing written. Runs of at least ``HASH_RUN_BYTES``: both small objects in
+    one, or (runs of a byte) each object on its own once it crossed, while the next one crosses."""
     runtime = xpu_with_triton
+    monkeypatch.setattr(binding_module, "HASH_RUN_BYTES", run_bytes)
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
     request = roundtrip.make_request(layout, 128, seed=2)
-    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
-    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+    with staged_engine(layout, "torch") as engine:
         binding = engine.connector.binding
         assert binding.hashes_on_device
         store, load = engine.connector.store_stream.name, engine.connector.load_stream.name
+        store_side = binding.streams.side(engine.connector.store_stream).name
+        load_side = binding.streams.side(engine.connector.load_stream).name
+        assert len({store, load, store_side, load_side}) == 4
         store_log, load_log, verdict = _watched_round_trip(layout, request, engine, runtime)
         assert verdict.bit_exact, verdict.problems
         hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
@@ -295,16 +317,16 @@ def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing
             refused = device_steps(runtime.log)
         assert not any(p.storage.any() for p in roundtrip.all_planes(layout))
         assert binding.counters.objects_corrupt == 1
-    # The CRC kernel reads the scratch and writes nothing tagged; Triton's interpreter then copies the argument it
-    # read back into place (a blocking copy of the scratch onto itself), a step a GPU does not have.
-    gather_and_hash = ("kernel", store, frozenset({"kv", "scratch.store"}), frozenset({"scratch.store"}))
     copy_out = ("copy", store, "scratch.store", "host", True)
-    assert store_log[2:6] == [gather_and_hash, ("copy", store, "scratch.store", "scratch.store", False), copy_out,
-                              copy_out]
-    copy_in, scatter = ("copy", load, "host", "scratch.load", True), kernel(load, "scratch.load", "kv")
-    checked = [("enter", load), copy_in, copy_in, ("kernel", load, frozenset({"scratch.load"}), frozenset()),
-               ("copy", load, "scratch.load", "scratch.load", False), ("stream_synchronize", load)]
-    assert load_log[:7] == [*checked, scatter]
+    hashed_out = [("wait_stream", store_side, store), ("enter", store_side),
+                  ("kernel", store_side, frozenset({"scratch.store"}), frozenset()),
+                  ("copy", store_side, "scratch.store", "scratch.store", False), ("exit", store_side)]
+    assert store_log == [("wait_stream", store, "default"), ("enter", store), kernel(store, "kv", "scratch.store"),
+                         *hashed_out, copy_out, copy_out, ("wait_stream", store, store_side), ("exit", store),
+                         ("stream_synchronize", store), ("seal", "default", 2)]
+    runs = hashed_in(load, load_side, 2) if run_bytes > 1 else hashed_in(load, load_side) * 2
+    checked = [("enter", load), *runs, ("stream_synchronize", load_side)]
+    assert load_log[: len(checked) + 1] == [*checked, kernel(load, "scratch.load", "kv")]
     assert refused == [*checked, ("exit", load)]
 
 
@@ -315,15 +337,10 @@ def test_each_scratch_full_is_checked_before_its_own_writes(xpu_with_triton, mon
     monkeypatch.setattr(binding_module, "BATCH_SCRATCH_BYTES", 1)
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=11)
     request = roundtrip.make_request(layout, 128, seed=2)
-    storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, 128))
-    with LayoutEngine(layout, storage, kernel_backend="torch") as engine:
+    with staged_engine(layout, "torch") as engine:
         load = engine.connector.load_stream.name
-        engine.store(request.tokens, request.store_ids)
-        keys = [key for _, _, key in engine.engine.token_database.process_tokens(
-            tokens=torch.tensor(request.tokens), request_configs=engine.tags)]
-        hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
-        assert len(keys) == 2
-        hot[keys[1]].tensor.reshape(-1).view(torch.uint8)[engine.connector.fmt.payload_bytes // 3] ^= 0x5A
+        load_side = engine.connector.binding.streams.side(engine.connector.load_stream).name
+        _store_and_corrupt_second(engine, request)
         roundtrip.zero_planes(layout)
         with runtime.watching(tagger(layout, engine)):
             runtime.log.clear()
@@ -331,9 +348,18 @@ def test_each_scratch_full_is_checked_before_its_own_writes(xpu_with_triton, mon
             refused = device_steps(runtime.log)
         assert any(p.storage.any() for p in roundtrip.all_planes(layout)), "the verified first chunk was written"
         assert engine.connector.binding.counters.objects_corrupt == 1
-    checked = [("copy", load, "host", "scratch.load", True), ("kernel", load, frozenset({"scratch.load"}), frozenset()),
-               ("copy", load, "scratch.load", "scratch.load", False), ("stream_synchronize", load)]
+    checked = [*hashed_in(load, load_side), ("stream_synchronize", load_side)]
     assert refused == [("enter", load), *checked, kernel(load, "scratch.load", "kv"), *checked, ("exit", load)]
+
+
+def _store_and_corrupt_second(engine: LayoutEngine, request: roundtrip.Request) -> None:
+    """Store the request's two chunks, then flip one payload byte of the second's object in the CPU cache."""
+    engine.store(request.tokens, request.store_ids)
+    keys = [key for _, _, key in engine.engine.token_database.process_tokens(
+        tokens=torch.tensor(request.tokens), request_configs=engine.tags)]
+    hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
+    assert len(keys) == 2
+    hot[keys[1]].tensor.reshape(-1).view(torch.uint8)[engine.connector.fmt.payload_bytes // 3] ^= 0x5A
 
 
 @pytest.mark.parametrize("fault", ["wrong values", "kernel error"])
