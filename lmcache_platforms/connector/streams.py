@@ -33,7 +33,11 @@ class TransferStreams:
 
     def side(self, stream: Any) -> Any:
         """The side stream of ``stream`` (the store or load stream)."""
-        return self._sides["store" if stream is self.store_stream else "load"]
+        if stream is self.store_stream:
+            return self._sides["store"]
+        if stream is self.load_stream:
+            return self._sides["load"]
+        raise ValueError(f"{stream!r} is neither this binding's store stream nor its load stream")
 
     @contextlib.contextmanager
     def beside(self, stream: Any) -> Iterator[None]:

@@ -303,6 +303,9 @@ def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing
         store_side = binding.streams.side(engine.connector.store_stream).name
         load_side = binding.streams.side(engine.connector.load_stream).name
         assert len({store, load, store_side, load_side}) == 4
+        with pytest.raises(ValueError, match=r"FakeStream\(default\) is neither this binding's store stream nor its "
+                                             "load stream"):
+            binding.streams.side(runtime.default_stream)
         store_log, load_log, verdict = _watched_round_trip(layout, request, engine, runtime)
         assert verdict.bit_exact, verdict.problems
         hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
