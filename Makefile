@@ -32,9 +32,10 @@ test: setup
 	wait $$typing; typed=$$?; cat $(VENV)/mypy.log; [ $$tests = 0 ] && [ $$typed = 0 ]
 
 # On a GPU machine (make device-check PLATFORM=cuda): the kernel contract suite, the Triton kernel run on the GPU
-# and its bench against a same-size copy, as one JSON object on stdout.
+# and its bench against a same-size copy, as one JSON object on stdout (DEVICE_CHECK_ARGS="--runs 3": each bench
+# three times, with each figure's range).
 device-check: setup
-	$(TEST_ENV) $(PY) scripts/device_check.py
+	$(TEST_ENV) $(PY) scripts/device_check.py $(DEVICE_CHECK_ARGS)
 
 # Mutation testing (not in CI; minutes): mutmut mutates the modules pyproject.toml's [tool.mutmut] names and runs
 # the tests covering each mutant; docs/mutation.md holds the last score and why each survivor is equivalent.

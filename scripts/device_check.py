@@ -8,7 +8,8 @@ memory against a pinned copy each way; on CUDA the GPU time alone, from CUDA gra
 copy replayed the same way), and prints one JSON object on stdout (pytest's own report goes to
 stderr). Exit 0 only when a GPU is present, no test failed, the GPU tests ran rather than skipped, and every
 bench ran with the chunks' checksum made on the device (``bench_problems`` lists what is missing); CI has no
-GPU, so this is what a user with one runs.
+GPU, so this is what a user with one runs. ``--runs N`` benches each layout N times in turn and adds each
+figure's range over them (``bench_ranges``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,19 @@ def run_bench(layout: str, device: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def ranges(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each numeric field of a layout's bench runs as [lowest, highest] (a failed run counts for nothing): the
+    figures the README quotes, as a range over the runs of one session."""
+    ran = [run for run in runs if "error" not in run]
+    out: dict[str, list[float]] = {}
+    for field in dict.fromkeys(field for run in ran for field in run):
+        values = [run[field] for run in ran if isinstance(run.get(field), (int, float))
+                  and not isinstance(run.get(field), bool)]
+        if values:
+            out[field] = [min(values), max(values)]
+    return out
+
+
 def bench_problems(bench: dict[str, dict[str, Any]], device: str) -> list[str]:
     """What is missing from each layout's bench: it failed, moved nothing to the host, lacks the GPU time alone
     (CUDA), or ran without the device's checksum (the binding's self-check of the CRC kernel failed, so every
@@ -96,18 +110,30 @@ def bench_problems(bench: dict[str, dict[str, Any]], device: str) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma list of layouts to bench")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="bench each layout this many times, in turn; the report's bench_ranges holds each "
+                             "figure's lowest and highest (default 1)")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     device = gpu_device()
     if device is None:
         print(json.dumps({"error": "no CUDA or XPU device: device-check runs on a GPU machine"}))
         return 2
     suite = run_suite()
-    bench = {layout: run_bench(layout, device) for layout in args.layouts.split(",")}
-    problems = bench_problems(bench, device)
+    layouts = args.layouts.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
+    for _ in range(args.runs):  # layouts in turn, so a drift of the machine touches each alike
+        for layout in layouts:
+            runs[layout].append(run_bench(layout, device))
+    bench = {layout: results[0] for layout, results in runs.items()}
+    problems = bench_problems({f"{layout} (run {index + 1})": result for layout, results in runs.items()
+                               for index, result in enumerate(results)}, device)
     ok = (suite["exit_code"] == 0 and not suite["failed"] and all(suite["gpu_tests_passed"].values())
           and not any(n.startswith(GPU_TESTS) for n in suite["skipped"]) and not problems)
     report = {"ok": ok, "device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-              "torch": torch.__version__, "suite": suite, "bench": bench, "bench_problems": problems}
+              "torch": torch.__version__, "suite": suite, "bench": bench, "bench_problems": problems,
+              "bench_ranges": {layout: ranges(results) for layout, results in runs.items()}}
     print(json.dumps(report))
     return 0 if ok else 1
 

@@ -12,8 +12,13 @@ FULL = {"store_to_host_GBps": 48.8, "gpu_store_x_device_copy": 0.55, "load_from_
 
 
 @pytest.fixture(scope="module")
-def bench_problems():
-    return runpy.run_path(str(SCRIPT))["bench_problems"]
+def script() -> dict:
+    return runpy.run_path(str(SCRIPT))
+
+
+@pytest.fixture(scope="module")
+def bench_problems(script):
+    return script["bench_problems"]
 
 
 def test_a_complete_bench_has_no_problem(bench_problems) -> None:
@@ -34,3 +39,14 @@ def test_each_missing_part_is_named_with_its_layout(bench_problems) -> None:
 
 def test_xpu_has_no_graph_replay_to_miss(bench_problems) -> None:
     assert bench_problems({"llama8b": {**FULL, "gpu_store_x_device_copy": None}}, "xpu") == []
+
+
+def test_each_figure_ranges_over_the_runs_that_have_it(script) -> None:
+    runs = [{"exit_code": 1, "error": "killed"},
+            {"backend": "triton", "chunks": 8, "store_to_host_GBps": 48.8, "load_from_host_device_checksum_cost": 0.17,
+             "store_checksummed_x_memcpy": None, "batched": True},
+            {"backend": "triton", "chunks": 8, "store_to_host_GBps": 49.6, "load_from_host_device_checksum_cost": 0.19,
+             "store_checksummed_x_memcpy": None, "batched": True}]
+    assert script["ranges"](runs) == {"chunks": [8, 8], "store_to_host_GBps": [48.8, 49.6],
+                                      "load_from_host_device_checksum_cost": [0.17, 0.19]}
+    assert script["ranges"]([]) == {}
