@@ -227,18 +227,6 @@ def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
     return object_checks([flat], payload_bytes)[0]
 
 
-def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor | None = None) -> list[int]:
-    """Indices of the objects whose stripe table or trailer does not match their payload (a missing trailer
-    never does; ``stripes`` as for ``checksums``)."""
-    rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
-    out = []
-    for index, (flat, row) in enumerate(zip(flats, rows, strict=True)):
-        stored = stored_stripes(flat, payload_bytes)
-        if stored is None or not torch.equal(stored, row):
-            out.append(index)
-    return out
-
-
 def carried_stripes(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[torch.Tensor | None]:
     """The stripe CRCs each object carries, or None where its table does not match its trailer: what a load
     compares with the CRCs the device computed (``differing``)."""
@@ -252,3 +240,11 @@ def differing(carried: Sequence[torch.Tensor | None], stripes: torch.Tensor) -> 
     differ from those they carry (``carried_stripes``)."""
     return [index for index, (table, row) in enumerate(zip(carried, stripes, strict=True))
             if table is None or not torch.equal(table, row)]
+
+
+def mismatched(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[int]:
+    """Indices of the objects whose stripe table or trailer does not match their payload (a missing trailer
+    never does), hashed from memory. Reads each table with ``stored_stripes``, not ``object_checks``, which
+    ``bench --engine --checksum-cost`` times as a call of its own."""
+    carried = [stored_stripes(flat, payload_bytes) for flat in flats]
+    return differing(carried, stripe_crcs(flats, payload_bytes))
