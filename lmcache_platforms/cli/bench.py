@@ -7,7 +7,8 @@ as the load writes, as the connector does on CPU memory objects), and plain copi
 (`Tensor.copy_`, and on CPU a contiguous copy through the native library's thread pool; same thread count, the
 faster one is the memcpy reference) are timed in interleaved rounds after a warm-up, best of --repeats each;
 where upstream LMCache 0.5.6's own torch path can move the layout, it is timed the same way against its own
-copies. On an accelerator the connector's own path to LMCache's pinned host objects (``LayoutBinding``) is timed
+copies. On CPU the checked load is also timed where the layout adds nothing (contiguous whole-stripe rows), its
+floor. On an accelerator the connector's own path to LMCache's pinned host objects (``LayoutBinding``) is timed
 against a pinned copy, also with the objects' checksum made on the device and on the host, and on CUDA the GPU
 time alone (CUDA graph replay) against a device copy replayed the same way.
 """
@@ -230,6 +231,7 @@ def _time_backend(spec, args, block_ids, chunks: int, device, sync) -> dict:
     works: dict[str, Callable[[], object]] = {"store": store, "load": load}
     if device.type == "cpu":  # LMCache's objects are host memory: the checksum runs on the CPU
         works.update(_checksummed(objects, batches, backend, load, moved))
+        works.update(_checked_floor(len(objects), moved // len(objects), backend))
     else:
         works.update(_through_binding(layout, block_ids, chunks, preference, moved, device))
     works.update({name: work for name, (work, _) in copies.items()})
@@ -361,6 +363,47 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
             "store_per_object": one_by_one(Direction.STORE), "load_per_object": one_by_one(Direction.LOAD)}
 
 
+FLOOR_ROW_BYTES = 64 << 10
+
+
+def _checked_floor(count: int, per_object: int, backend) -> dict[str, Callable[[], None]]:
+    """The same number of objects of about the same size, each loaded into contiguous 64 KiB rows, plain and
+    checked: what checking each stripe before writing it costs where the layout adds nothing (rows that are
+    whole stripes, one run), so a layout's ``checksum_load_cost_per_object`` reads against this floor. Nothing
+    without the native CRC-32C, where a load checks each object whole before writing any of it."""
+    import torch
+
+    from lmcache_platforms.connector import checksum
+    from lmcache_platforms.kernels.contract import Direction
+    from lmcache_platforms.layout.plane import Plane, PlaneGeometry
+
+    rows = max(1, -(-per_object // FLOOR_ROW_BYTES))
+    payload = rows * FLOOR_ROW_BYTES
+    size = payload + checksum.tail_bytes(payload)
+    if not checksum.stripes_are_crc32c():  # without the native CRC-32C a load checks every object first
+        return {}
+    whole = torch.randint(0, 256, (count * size,), dtype=torch.uint8)
+    objects = [whole[index * size : (index + 1) * size] for index in range(count)]
+    checksum.seal(objects, payload)
+    target = torch.empty(count * payload, dtype=torch.uint8)
+    plane = Plane("floor", "target", 0, torch.uint8,
+                  PlaneGeometry(count * rows, FLOOR_ROW_BYTES, 1, FLOOR_ROW_BYTES, 1, FLOOR_ROW_BYTES,
+                                FLOOR_ROW_BYTES), 0, target)
+    slots = [torch.arange(index * rows, (index + 1) * rows) for index in range(count)]
+
+    def plain() -> None:
+        for obj, rows_of in zip(objects, slots, strict=True):
+            backend.transfer((plane,), rows_of, obj[:payload], Direction.LOAD)
+
+    def checked() -> None:
+        for obj, rows_of in zip(objects, slots, strict=True):
+            check = checksum.object_check(obj, payload)
+            if check is None or not backend.load_checked((plane,), rows_of, obj[:payload], check, 0):
+                raise RuntimeError("bench: a sealed object failed its checksum")
+
+    return {"floor_load": plain, "floor_checked": checked}
+
+
 def _time_upstream(spec, block_ids, chunks: int, device, sync, args) -> dict | None:
     """Upstream's store and load speed as multiples of a same-size copy timed in the same rounds."""
     path = _upstream_path(spec, block_ids, chunks, device, args.seed)
@@ -422,6 +465,8 @@ def measure(args: argparse.Namespace) -> dict:
         "checksum_load_cost_per_object":
             ours["load_checksummed"] / ours["load_per_object"] - 1 if "checksum" in ours else None,
         "checksum_GBps": moved / ours["checksum"] / GIB if "checksum" in ours else None,
+        # The same load cost where the layout adds nothing: the cost of reading each stripe before writing it.
+        "checksum_load_floor": ours["floor_checked"] / ours["floor_load"] - 1 if "floor_load" in ours else None,
         # Off CPU: the whole path to and from LMCache's pinned host objects, against a pinned copy each way.
         **_pinned_figures(ours, moved),
         # Off CPU: the same paths with each object's checksum from the device or from the host, as extra time.

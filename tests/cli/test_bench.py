@@ -42,6 +42,7 @@ def test_json_result(name, upstream, capsys):
     # The checksummed store and load do the same moves plus the checksum (a noisy machine may still reorder them).
     assert result["checksum_store_cost"] > -1 and result["checksum_load_cost"] > -1
     assert result["checksum_store_cost_per_object"] > -1 and result["checksum_load_cost_per_object"] > -1
+    assert result["checksum_load_floor"] > -1  # contiguous whole-stripe rows, the same objects' count and size
     assert (result["upstream_store_x_memcpy"] is not None) is upstream
     assert (result["upstream_format"] == "NL_X_NB_TWO_BS_NH_HS") is upstream
     # The path through pinned host memory, with either way of making the checksum, exists only where the KV
