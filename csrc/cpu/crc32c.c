@@ -511,24 +511,34 @@ static void store_le32(uint8_t *p, uint32_t v) {
 
 /*
  * An object's tail, right after its `payload` bytes: its `count` stripes' CRC-32Cs, then the trailer, the
- * CRC-32C of that table and a 4-byte mark, every value little-endian. One call per object where a few tensor
- * operations cost several times more inside a busy engine.
+ * CRC-32C of that table and a 4-byte mark, every value little-endian. One call per batch of objects, whose
+ * addresses come in an array: inside a busy engine each tensor operation or ctypes call per object costs
+ * several microseconds.
  */
 
+/* The trailer's bytes: the table's CRC-32C and the mark. */
+#define LMCP_TRAILER_BYTES 8
+
 /* Writes the tail of `count` stripes from `stripes`, then the trailer with `mark`. */
-void lmcp_crc32c_seal(uint8_t *object, int64_t payload, int64_t count, const uint32_t *stripes, uint32_t mark) {
+static void seal_one(uint8_t *object, int64_t payload, int64_t count, const uint32_t *stripes, uint32_t mark) {
     uint8_t *table = object + payload;
     for (int64_t k = 0; k < count; k++) store_le32(table + 4 * k, stripes[k]);
     store_le32(table + 4 * count, lmcp_crc32c(table, 4 * count));
     store_le32(table + 4 * count + 4, mark);
 }
 
+/* seal_one for each of the `n` objects at `objects`, object i's stripe CRCs at stripes + i * count. */
+void lmcp_crc32c_seal_all(const uint64_t *objects, int64_t n, int64_t payload, int64_t count,
+                          const uint32_t *stripes, uint32_t mark) {
+    for (int64_t i = 0; i < n; i++) seal_one((uint8_t *)(uintptr_t)objects[i], payload, count, stripes + i * count, mark);
+}
+
 /*
  * A checked load's start: 1 when the object's trailer holds `mark` and its table's CRC-32C, then the table's
  * `count` CRCs go to expected[] and state[] is zeroed (lmcp_crc_check's); 0 when it does not, nothing written.
  */
-int lmcp_crc32c_open(const uint8_t *object, int64_t payload, int64_t count, uint32_t mark, uint32_t *expected,
-                     uint32_t *state) {
+static int open_one(const uint8_t *object, int64_t payload, int64_t count, uint32_t mark, uint32_t *expected,
+                    uint32_t *state) {
     const uint8_t *table = object + payload, *trailer = table + 4 * count;
     if (load_le32(trailer + 4) != mark || load_le32(trailer) != lmcp_crc32c(table, 4 * count)) return 0;
     for (int64_t k = 0; k < count; k++) {
@@ -536,6 +546,20 @@ int lmcp_crc32c_open(const uint8_t *object, int64_t payload, int64_t count, uint
         state[k] = LMCP_STRIPE_NEW;
     }
     return 1;
+}
+
+/*
+ * open_one for each of the `n` objects at `objects` (`sizes` bytes each: one too short for its table and
+ * trailer does not open), object i's expected CRCs then its states at room + 2 * count * i; opened[i] says
+ * whether it opened.
+ */
+void lmcp_crc32c_open_all(const uint64_t *objects, const int64_t *sizes, int64_t n, int64_t payload, int64_t count,
+                          uint32_t mark, uint32_t *room, uint8_t *opened) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t *expected = room + 2 * count * i;
+        opened[i] = sizes[i] >= payload + 4 * count + LMCP_TRAILER_BYTES &&
+                    open_one((const uint8_t *)(uintptr_t)objects[i], payload, count, mark, expected, expected + count);
+    }
 }
 
 /* CRC-32C of data[0, n) with the table even where the instruction exists: tests compare the two. */

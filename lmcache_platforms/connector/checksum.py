@@ -88,7 +88,7 @@ def _host(flat: torch.Tensor) -> torch.Tensor:
 def _addressable(flat: torch.Tensor) -> bool:
     """Whether ``flat`` is a contiguous 1-D uint8 tensor in host memory, whose bytes ctypes reads and writes at
     its address: a few microseconds where tensor slicing and copies cost several times that per object."""
-    return flat.device.type == "cpu" and flat.dtype == torch.uint8 and flat.dim() == 1 and flat.is_contiguous()
+    return flat.is_cpu and flat.dtype is torch.uint8 and flat.ndim == 1 and flat.is_contiguous()
 
 
 def _runs(objects: int, count: int, workers: int) -> list[list[tuple[int, int, int]]]:
@@ -177,15 +177,18 @@ def seal(flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tenso
     """Write each object's stripe table and trailer right after its payload (the objects' bytes must be final;
     ``stripes`` as for ``checksums``)."""
     rows = _given(stripes) if stripes is not None else stripe_crcs(flats, payload_bytes)
-    lib = native()
-    for flat, row in zip(flats, rows, strict=True):
-        table = 4 * row.numel()
+    if len(rows) != len(flats):
+        raise ValueError(f"{len(flats)} objects to seal, stripe CRCs for {len(rows)}")
+    table = 4 * rows.shape[-1]
+    for flat in flats:
         if flat.numel() * flat.element_size() < payload_bytes + table + TRAILER_BYTES:
             raise ValueError(f"an object of {flat.numel() * flat.element_size()} bytes has no room after its "
                              f"{payload_bytes}-byte payload for the {table}-byte stripe table and the trailer")
-        if lib is not None and _addressable(flat):
-            lib.seal(flat.data_ptr(), payload_bytes, row.numel(), row.data_ptr(), _MARK_WORD)
-            continue
+    lib = native()
+    if lib is not None and all(map(_addressable, flats)):  # LMCache's objects: one native call for them all
+        lib.seal_all(flats, payload_bytes, rows, _MARK_WORD)
+        return
+    for flat, row in zip(flats, rows, strict=True):
         mark = torch.frombuffer(bytearray(trailer(_of_table(row))), dtype=torch.uint8)
         tail = torch.cat([row.view(torch.uint8), mark])
         flat[payload_bytes : payload_bytes + tail.numel()].copy_(tail)

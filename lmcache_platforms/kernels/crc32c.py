@@ -25,7 +25,7 @@ from lmcache_platforms.log import init_logger
 logger = init_logger(__name__)
 
 
-# After an object's stripe table: the table's CRC-32C and a 4-byte mark (what lmcp_crc32c_open reads).
+# After an object's stripe table: the table's CRC-32C and a 4-byte mark (what lmcp_crc32c_open_all reads).
 TRAILER_BYTES = 8
 
 
@@ -55,10 +55,11 @@ class NativeCrc32c:
         self._folding = lib.lmcp_crc32c_folding
         self._check = lib.lmcp_crc32c_check
         self._check.argtypes, self._check.restype = [vp, i64, i64, vp, vp, i64, i64], ctypes.c_int
-        self._seal = lib.lmcp_crc32c_seal
-        self._seal.argtypes, self._seal.restype = [vp, i64, i64, vp, ctypes.c_uint32], None
-        self._open = lib.lmcp_crc32c_open
-        self._open.argtypes, self._open.restype = [vp, i64, i64, ctypes.c_uint32, vp, vp], ctypes.c_int
+        self._seal_all = lib.lmcp_crc32c_seal_all
+        self._seal_all.argtypes, self._seal_all.restype = [vp, i64, i64, i64, vp, ctypes.c_uint32], None
+        self._open_all = lib.lmcp_crc32c_open_all
+        self._open_all.argtypes = [vp, vp, i64, i64, i64, ctypes.c_uint32, vp, vp]
+        self._open_all.restype = None
 
     @property
     def folding(self) -> int:
@@ -87,25 +88,27 @@ class NativeCrc32c:
         (checking those ``state`` does not mark checked)."""
         return bool(self._check(address, payload_bytes, stripe, expected, state, start, end))
 
-    def seal(self, address: int, payload_bytes: int, count: int, stripes: int, mark: int) -> None:
-        """Writes the ``count`` stripe CRCs at ``stripes`` after the payload of the host object at ``address``,
-        then the trailer: their CRC-32C and ``mark`` (all little-endian uint32s)."""
-        self._seal(address, payload_bytes, count, stripes, mark)
+    def seal_all(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripes: torch.Tensor, mark: int) -> None:
+        """Writes each contiguous host uint8 object's row of ``stripes`` (``[objects, stripes]`` int32,
+        contiguous) after its payload, then the trailer: their CRC-32C and ``mark`` (all little-endian uint32s).
+        One native call for them all; the caller checked that each has room."""
+        addresses = (ctypes.c_uint64 * len(flats))(*[flat.data_ptr() for flat in flats])
+        self._seal_all(addresses, len(flats), payload_bytes, stripes.shape[-1], stripes.data_ptr(), mark)
 
     def open_objects(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
                      mark: int) -> list[ObjectCheck | None]:
         """A load's check of each contiguous host uint8 object of ``flats`` against the stripe CRCs it carries
-        after its payload, from one allocation; None where the object is too short to hold its table and
-        trailer, or its trailer does not hold ``mark`` and their CRC-32C."""
-        count = table_stripes(payload_bytes, stripe)
-        room = torch.empty(2 * count * len(flats), dtype=torch.int32)
-        base, checks = room.data_ptr(), []
-        for index, flat in enumerate(flats):
-            address = base + 8 * count * index
-            opened = flat.numel() >= payload_bytes + 4 * count + TRAILER_BYTES and self._open(
-                flat.data_ptr(), payload_bytes, count, mark, address, address + 4 * count)
-            checks.append(ObjectCheck(self, flat, payload_bytes, stripe, room, index) if opened else None)
-        return checks
+        after its payload, from one allocation and one native call; None where the object is too short to hold
+        its table and trailer, or its trailer does not hold ``mark`` and their CRC-32C."""
+        count, objects = table_stripes(payload_bytes, stripe), len(flats)
+        room = torch.empty(2 * count * objects, dtype=torch.int32)
+        addresses = (ctypes.c_uint64 * objects)(*[flat.data_ptr() for flat in flats])
+        sizes = (ctypes.c_int64 * objects)(*[flat.numel() for flat in flats])
+        opened = (ctypes.c_uint8 * objects)()
+        self._open_all(addresses, sizes, objects, payload_bytes, count, mark, room.data_ptr(), opened)
+        base = room.data_ptr()
+        return [ObjectCheck(self, flat, payload_bytes, stripe, room, index, count, base) if opened[index] else None
+                for index, flat in enumerate(flats)]
 
     def object_stripes(self, payload_bytes: int, stripe: int) -> ObjectStripes:
         """An empty stripe state for one object of ``payload_bytes`` bytes."""
@@ -191,22 +194,24 @@ class ObjectCheck:
     """A load's check of one object against the stripe CRCs it carries: which stripes matched so far (one state
     each, in host memory the native code updates), so each is hashed once however many calls need it.
 
-    Object ``index`` of ``room`` holds its expected CRCs, then its states (zeroed): one int32 each per stripe,
-    filled by ``NativeCrc32c.open_objects`` in one native call per object."""
+    Object ``index`` of ``room`` (``count`` stripes each, its first byte at ``base``) holds its expected CRCs,
+    then its states (zeroed): one int32 each per stripe, filled by ``NativeCrc32c.open_objects``."""
+
+    __slots__ = ("_count", "_first", "address", "expected_address", "flat", "lib", "payload_bytes", "room",
+                 "state_address", "stripe")
 
     def __init__(self, lib: NativeCrc32c, flat: torch.Tensor, payload_bytes: int, stripe: int,
-                 room: torch.Tensor, index: int = 0) -> None:
+                 room: torch.Tensor, index: int, count: int, base: int) -> None:
         self.lib, self.flat, self.payload_bytes, self.stripe, self.room = lib, flat, payload_bytes, stripe, room
-        count = table_stripes(payload_bytes, stripe)
-        self._expected = slice(2 * count * index, 2 * count * index + count)
+        self._first, self._count = 2 * count * index, count
         self.address = flat.data_ptr()
-        self.expected_address = room.data_ptr() + 8 * count * index
+        self.expected_address = base + 8 * count * index
         self.state_address = self.expected_address + 4 * count
 
     @property
     def expected(self) -> torch.Tensor:
         """The stripe CRCs this object is checked against."""
-        return self.room[self._expected]
+        return self.room[self._first : self._first + self._count]
 
     def check(self, start: int, end: int) -> bool:
         """Whether the stripes overlapping payload bytes ``[start, end)`` all match."""
@@ -220,7 +225,7 @@ def native() -> NativeCrc32c | None:
     lib, _ = load_library()
     if lib is None:
         return None
-    if not hasattr(lib, "lmcp_crc32c_open"):
+    if not hasattr(lib, "lmcp_crc32c_open_all"):
         logger.warning("the native CPU library predates its current CRC-32C functions: chunk checksums use "
                        "zlib's CRC-32, slower, and servers with a current build do not share chunks with this one; %s",
                        REBUILD_HINT)

@@ -139,6 +139,15 @@ def test_an_object_without_room_for_its_table_is_refused_and_left_unwritten() ->
     assert checksum.stored_stripes(flat, payload) is None
 
 
+def test_sealing_with_stripe_crcs_for_fewer_objects_is_refused_and_writes_nothing() -> None:
+    payload = checksum.STRIPE_BYTES
+    flats = [torch.full((payload + tail_bytes(payload),), 7, dtype=torch.uint8) for _ in range(2)]
+    stripes = checksum.stripe_crcs(flats[:1], payload)
+    with pytest.raises(ValueError, match=r"^2 objects to seal, stripe CRCs for 1$"):
+        checksum.seal(flats, payload, stripes)
+    assert all(bool((flat == 7).all()) for flat in flats)
+
+
 def test_a_flip_in_any_stripe_of_a_batch_names_only_its_object(monkeypatch: pytest.MonkeyPatch) -> None:
     """Objects of several stripes, hashed on several threads: each flip is pinned on its own object."""
     monkeypatch.setattr(checksum, "STRIPE_BYTES", 4096)

@@ -27,8 +27,9 @@ def stripes_of(obj: torch.Tensor, stripe: int) -> torch.Tensor:
 
 def check_against(obj: torch.Tensor, payload_bytes: int, stripe: int, expected: torch.Tensor) -> ObjectCheck:
     """A load's check of ``obj`` against the stripe CRCs ``expected`` (the objects of these tests carry none):
-    its room as ``NativeCrc32c.open_object`` fills it, the expected CRCs then one zeroed state per stripe."""
-    return ObjectCheck(native_crc(), obj, payload_bytes, stripe, torch.cat([expected, torch.zeros_like(expected)]))
+    its room as ``NativeCrc32c.open_objects`` fills it, the expected CRCs then one zeroed state per stripe."""
+    room = torch.cat([expected, torch.zeros_like(expected)])
+    return ObjectCheck(native_crc(), obj, payload_bytes, stripe, room, 0, expected.numel(), room.data_ptr())
 
 
 @contextlib.contextmanager
