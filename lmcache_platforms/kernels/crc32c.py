@@ -13,6 +13,7 @@ it).
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 from collections.abc import Sequence
@@ -92,8 +93,9 @@ class NativeCrc32c:
         """Writes each contiguous host uint8 object's row of ``stripes`` (``[objects, stripes]`` int32,
         contiguous) after its payload, then the trailer: their CRC-32C and ``mark`` (all little-endian uint32s).
         One native call for them all; the caller checked that each has room."""
-        addresses = (ctypes.c_uint64 * len(flats))(*[flat.data_ptr() for flat in flats])
-        self._seal_all(addresses, len(flats), payload_bytes, stripes.shape[-1], stripes.data_ptr(), mark)
+        addresses = array.array("Q", [flat.data_ptr() for flat in flats])
+        self._seal_all(addresses.buffer_info()[0], len(flats), payload_bytes, stripes.shape[-1], stripes.data_ptr(),
+                       mark)
 
     def open_objects(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
                      mark: int) -> list[ObjectCheck | None]:
@@ -102,11 +104,12 @@ class NativeCrc32c:
         its table and trailer, or its trailer does not hold ``mark`` and their CRC-32C."""
         count, objects = table_stripes(payload_bytes, stripe), len(flats)
         room = torch.empty(2 * count * objects, dtype=torch.int32)
-        addresses = (ctypes.c_uint64 * objects)(*[flat.data_ptr() for flat in flats])
-        sizes = (ctypes.c_int64 * objects)(*[flat.numel() for flat in flats])
-        opened = (ctypes.c_uint8 * objects)()
-        self._open_all(addresses, sizes, objects, payload_bytes, count, mark, room.data_ptr(), opened)
+        addresses = array.array("Q", [flat.data_ptr() for flat in flats])
+        sizes = array.array("q", [flat.numel() for flat in flats])
+        opened = array.array("B", bytes(objects))
         base = room.data_ptr()
+        self._open_all(addresses.buffer_info()[0], sizes.buffer_info()[0], objects, payload_bytes, count, mark, base,
+                       opened.buffer_info()[0])
         return [ObjectCheck(self, flat, payload_bytes, stripe, room, index, count, base) if opened[index] else None
                 for index, flat in enumerate(flats)]
 
