@@ -377,11 +377,11 @@ def _checked_floor(count: int, per_object: int, backend) -> dict[str, Callable[[
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 
+    if not checksum.stripes_are_crc32c():  # without the native CRC-32C a load checks every object first
+        return {}
     rows = max(1, -(-per_object // FLOOR_ROW_BYTES))
     payload = rows * FLOOR_ROW_BYTES
     size = payload + checksum.tail_bytes(payload)
-    if not checksum.stripes_are_crc32c():  # without the native CRC-32C a load checks every object first
-        return {}
     whole = torch.randint(0, 256, (count * size,), dtype=torch.uint8)
     objects = [whole[index * size : (index + 1) * size] for index in range(count)]
     checksum.seal(objects, payload)
@@ -398,7 +398,8 @@ def _checked_floor(count: int, per_object: int, backend) -> dict[str, Callable[[
     def checked() -> None:
         for obj, rows_of in zip(objects, slots, strict=True):
             check = checksum.object_check(obj, payload)
-            if check is None or not backend.load_checked((plane,), rows_of, obj[:payload], check, 0):
+            if (check is None or not backend.load_checked((plane,), rows_of, obj[:payload], check, 0)
+                    or not check.check(0, payload)):  # as the connector's loads end
                 raise RuntimeError("bench: a sealed object failed its checksum")
 
     return {"floor_load": plain, "floor_checked": checked}
