@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -340,11 +340,8 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
             load()
             return
         for index, obj in enumerate(objects):
-            check = checksum.object_check(obj, per_object)
-            if check is None or not all(
-                    backend.load_checked(batch.planes, batch.slots[row], obj[offset : offset + nbytes], check, offset)
-                    for offset, batch, row, nbytes in parts[index]) or not check.check(0, per_object):
-                raise RuntimeError("bench: a sealed object failed its checksum")
+            _load_verified(backend, obj, per_object, ((batch.planes, batch.slots[row], offset, nbytes)
+                                                      for offset, batch, row, nbytes in parts[index]))
 
     def crc() -> None:
         checksum.checksums(objects, per_object)
@@ -361,6 +358,19 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
 
     return {"store_checksummed": store_checksummed, "load_checksummed": load_checksummed, "checksum": crc,
             "store_per_object": one_by_one(Direction.STORE), "load_per_object": one_by_one(Direction.LOAD)}
+
+
+def _load_verified(backend, obj: torch.Tensor, payload: int,
+                   launches: Iterable[tuple[Sequence[Plane], torch.Tensor, int, int]]) -> None:
+    """One sealed host object loaded as the connector loads one: each launch (planes, slots, object offset,
+    bytes) writing only rows whose stripes match, then the whole object checked; raises at the first stripe
+    that does not (bench seals its own objects, so none should)."""
+    from lmcache_platforms.connector import checksum
+
+    check = checksum.object_check(obj, payload)
+    if check is None or not all(backend.load_checked(planes, rows, obj[offset : offset + nbytes], check, offset)
+                                for planes, rows, offset, nbytes in launches) or not check.check(0, payload):
+        raise RuntimeError("bench: a sealed object failed its checksum")
 
 
 FLOOR_ROW_BYTES = 64 << 10
@@ -397,10 +407,7 @@ def _checked_floor(count: int, per_object: int, backend) -> dict[str, Callable[[
 
     def checked() -> None:
         for obj, rows_of in zip(objects, slots, strict=True):
-            check = checksum.object_check(obj, payload)
-            if (check is None or not backend.load_checked((plane,), rows_of, obj[:payload], check, 0)
-                    or not check.check(0, payload)):  # as the connector's loads end
-                raise RuntimeError("bench: a sealed object failed its checksum")
+            _load_verified(backend, obj, payload, [((plane,), rows_of, 0, payload)])
 
     return {"floor_load": plain, "floor_checked": checked}
 
