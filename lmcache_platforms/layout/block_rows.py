@@ -7,8 +7,8 @@ piece at a time does not. Re-describing the group with one row per block (``bloc
 ``tokens_per_block`` tokens) and each plane with one row per block page changes only which bytes a row
 holds, not which bytes a chunk holds, so every kernel, slot function and chunk format works unchanged.
 
-It applies only where that is true: the chunk size is a multiple of the group's block tokens, a sliding
-window is too (the window's rows are then whole blocks), the layout saves whole chunks only (a partial
+It applies only where that is true: the chunk size is a multiple of the group's block tokens (a sliding
+window then keeps the whole blocks its tokens lie in), the layout saves whole chunks only (a partial
 chunk would end inside a block), and every plane's rows of one block tile whole pieces of its page.
 """
 
@@ -49,7 +49,11 @@ def block_row_group(group: KVGroup, chunk_size: int) -> KVGroup | None:
     """The group with one row per block, or None where its kind says a chunk would cut a block."""
     if not group.kind.block_rows_fit(group, chunk_size):
         return None
-    return dataclasses.replace(group, block_size=1, tokens_per_row=group.tokens_per_block)
+    per_block = group.tokens_per_block
+    window = group.sliding_window
+    if window is not None:  # chunks end on block boundaries: the window's tokens lie in its last ceil(SW/B) blocks
+        window = -(-window // per_block) * per_block
+    return dataclasses.replace(group, block_size=1, tokens_per_row=per_block, sliding_window=window)
 
 
 def _pieces(plane: Plane) -> list[tuple[int, int]]:

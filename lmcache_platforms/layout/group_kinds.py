@@ -120,7 +120,9 @@ class SlidingWindow(GroupKind):
         return group.sliding_window
 
     def block_rows_fit(self, group: GroupFields, chunk_size: int) -> bool:
-        return super().block_rows_fit(group, chunk_size) and _window(group) % group.tokens_per_block == 0
+        """A window that ends inside a block still reads whole blocks: in block rows it keeps the blocks holding
+        any of its tokens (``block_row_group`` rounds it up)."""
+        return super().block_rows_fit(group, chunk_size)
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ class KVLayout:
                        for g in groups)
         if saved is None:
             saved = by_index.keys()
+        _check_pages_only(entries, saved, rows)
         if rows == "blocks":
             groups, entries = _in_block_rows(groups, entries, saved, chunk_size)
             by_index = {g.index: g for g in groups}
@@ -197,8 +198,10 @@ class KVLayout:
 
     @property
     def whole_chunks_only(self) -> bool:
-        """Only whole chunks may be saved (``saves_whole_chunks`` of the groups chunks carry)."""
-        return saves_whole_chunks(self.saved_groups)
+        """Only whole chunks may be saved (``saves_whole_chunks`` of the groups chunks carry, or a plane that moves
+        only whole block pages)."""
+        planes = [p for tg in self.transfer_groups for p in tg.planes]
+        return saves_whole_chunks(self.saved_groups) or any(p.pages_only for p in planes)
 
     def chunk_slots(
         self, tg: TransferGroup, block_ids_per_group: Sequence[BlockIds], start: int, end: int
@@ -244,6 +247,15 @@ def saves_whole_chunks(carried: Collection[KVGroup]) -> bool:
     return len(carried) > 1 or any(g.kind.whole_chunks_only(g) for g in carried)
 
 
+def _check_pages_only(entries: Sequence[LayerEntry], saved: Collection[int], rows: str) -> None:
+    """Planes whose rows are not addressable one by one need block rows."""
+    for entry in entries:
+        for plane in entry.planes:
+            if plane.pages_only and plane.group in saved and rows != "blocks":
+                raise LayoutError(f"layer {entry.name!r}: its rows can be moved only as whole block pages (vLLM's "
+                                  f"CPU cache in AMX tiles), which needs block rows, not rows={rows!r}")
+
+
 def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved: Collection[int],
                    chunk_size: int) -> tuple[tuple[KVGroup, ...], list[LayerEntry]]:
     """Every saved group that allows it re-described in block rows, its planes with it; only where chunks are
@@ -254,7 +266,8 @@ def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved
             if plane.group in saved:
                 members.setdefault(plane.group, []).append(plane)
     by_index = {g.index: g for g in groups}
-    if not saves_whole_chunks([by_index[i] for i in members]):
+    pages_only = any(p.pages_only for planes in members.values() for p in planes)
+    if not (pages_only or saves_whole_chunks([by_index[i] for i in members])):
         return groups, entries
     replaced: dict[int, KVGroup] = {}
     new_planes: dict[int, list[Plane]] = {}
@@ -262,6 +275,12 @@ def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved
         converted = as_block_rows(by_index[index], planes, chunk_size)
         if converted is not None:
             replaced[index], new_planes[index] = converted
+        elif any(p.pages_only for p in planes):
+            plane = next(p for p in planes if p.pages_only)
+            raise LayoutError(
+                f"layer {plane.layer!r} ({by_index[index].describe()}): its rows can be moved only as whole block "
+                f"pages, which needs the chunk size ({chunk_size}) to be a multiple of the group's "
+                f"{by_index[index].tokens_per_block} tokens per block")
     out_entries = []
     for entry in entries:
         out: list[Plane] = []
@@ -281,7 +300,7 @@ def _transfer_groups(
     for plane in sorted(planes, key=lambda p: p.group):
         key = (plane.group,) if mode == "bundled" else (plane.group, plane.geometry)
         buckets.setdefault(key, []).append(plane)
-    whole = saves_whole_chunks({by_index[p.group] for p in planes})
+    whole = saves_whole_chunks({by_index[p.group] for p in planes}) or any(p.pages_only for p in planes)
     out: list[TransferGroup] = []
     for members in buckets.values():
         group = by_index[members[0].group]

@@ -58,7 +58,8 @@ class Plane:
 
     ``storage`` is a flat uint8 tensor over the whole underlying allocation (shared by every plane carved
     from it) or None when the plane is only planned (layout files without tensors); ``offset`` is the byte
-    offset of block 0, row 0, segment 0 in it.
+    offset of block 0, row 0, segment 0 in it. ``pages_only``: the block's rows are all in its page, but not
+    where the geometry says (vLLM's CPU AMX tiles): only a whole block page may be moved, never one row.
     """
 
     layer: str
@@ -68,6 +69,7 @@ class Plane:
     geometry: PlaneGeometry
     offset: int = 0
     storage: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    pages_only: bool = False
 
     @property
     def row_bytes(self) -> int:

@@ -9,6 +9,7 @@ transposed per head), the outermost row dim is split into one plane per index.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from typing import Any, cast
@@ -32,6 +33,9 @@ class TensorLayout(enum.Enum):
     NZ = "nz"  # Ascend 310P FRACTAL_NZ [nb, h*d/16, bs, 16]
     VLLM_CPU = "vllm_cpu"  # declared [nb, h, bs, 2d], stored [K bs x d][V bs x d] per (block, head)
     VLLM_CPU_K_TRANSPOSED = "vllm_cpu_k_transposed"  # as VLLM_CPU with K stored [d x bs]
+    # As VLLM_CPU, but K and V of a (block, head) are tiled inside their halves of the page (vLLM's AMX ISA):
+    # rows are described as VLLM_CPU's so that the bytes add up, and are moved only as whole block pages.
+    VLLM_CPU_PAGES = "vllm_cpu_pages"
 
 
 Hint = TensorLayout | Sequence[str] | None
@@ -132,6 +136,8 @@ def _vllm_cpu_views(layer: str, tensor: torch.Tensor, k_transposed: bool) -> lis
     return [("k", k), ("v", v)]
 
 
+_VLLM_CPU_HINTS = (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED, TensorLayout.VLLM_CPU_PAGES)
+
 _HINT_DIMS: dict[TensorLayout, Dims] = {
     TensorLayout.HND: ("nb", "h", "bs", "d"),
     TensorLayout.MLA: ("nb", "bs", "d"),
@@ -199,11 +205,14 @@ def planes_from_tensor(
         raise LayoutError(f"layer {layer!r}: {len(items)} tensors but {len(groups)} groups / {len(hints)} hints")
     planes: list[Plane] = []
     for tensor, name, grp, item_hint in zip(items, item_names, groups, hints, strict=True):
-        if item_hint in (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED):
+        if item_hint in _VLLM_CPU_HINTS:
             transposed = item_hint is TensorLayout.VLLM_CPU_K_TRANSPOSED
             prefix = f"{name}." if name else ""
             for part, view in _vllm_cpu_views(layer, tensor, transposed):
-                planes += _planes_of_view(layer, grp, prefix + part, view, ("nb", "h", "bs", "d"))
+                found = _planes_of_view(layer, grp, prefix + part, view, ("nb", "h", "bs", "d"))
+                if item_hint is TensorLayout.VLLM_CPU_PAGES:
+                    found = [dataclasses.replace(p, pages_only=True) for p in found]
+                planes += found
             continue
         dims = _dims_for(layer, tensor, item_hint, block_size)
         planes += planes_from_dims(layer, grp, tensor, dims, name)

@@ -11,6 +11,9 @@ from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 from lmcache_platforms.integration.vllm.cpu_cache_probe import UnknownCacheLayout, probe_cpu_layout
 from lmcache_platforms.kernels.contract import Direction
 from lmcache_platforms.kernels.torch_backend import TorchBackend
+from lmcache_platforms.layout.errors import LayoutError
+from lmcache_platforms.layout.groups import KVGroup
+from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.tensors import TensorLayout, planes_from_tensor
 
 
@@ -19,7 +22,6 @@ from lmcache_platforms.layout.tensors import TensorLayout, planes_from_tensor
 def test_rows_read_through_the_probed_layout_are_what_vllm_wrote(dtype, block_size, head_size):
     isa = _get_attn_isa(dtype, block_size, head_size, "auto")
     hint = probe_cpu_layout(isa, dtype, block_size, head_size)
-    assert hint in (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED)
     blocks, heads, tokens = 4, 2, 3 * block_size - 5
     cache = torch.zeros(blocks, heads, block_size, 2 * head_size, dtype=dtype)
     halves = cache.view(blocks, heads, 2 * block_size, head_size)
@@ -29,6 +31,10 @@ def test_rows_read_through_the_probed_layout_are_what_vllm_wrote(dtype, block_si
     slots = torch.arange(tokens) + block_size  # blocks 1..3
     ops.cpu_attn_reshape_and_cache(key, value, *halves.chunk(2, dim=2), slots, isa)
     planes = planes_from_tensor("layer", 0, cache, hint)
+    if hint is TensorLayout.VLLM_CPU_PAGES:
+        assert_moved_as_whole_pages(planes, cache, block_size)
+        return
+    assert hint in (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED)
     buffer = torch.zeros(sum(p.row_bytes for p in planes) * tokens, dtype=torch.uint8)
     TorchBackend().transfer(planes, slots, buffer, Direction.STORE)
     # plane-major buffer: each plane's rows in plane order; K may be one plane per head (stored transposed)
@@ -38,6 +44,24 @@ def test_rows_read_through_the_probed_layout_are_what_vllm_wrote(dtype, block_si
     v = torch.cat([part[p.name] for p in planes if p.name.split(".")[0] == "v"], dim=1)
     k, v = k.view(tokens, heads, head_size), v.view(tokens, heads, head_size)
     assert torch.equal(k, key) and torch.equal(v, value)
+
+
+def assert_moved_as_whole_pages(planes, cache: torch.Tensor, block_size: int) -> None:
+    """AMX tiles: no row may be moved alone (a token layout is refused), and block rows carry every page of
+    the blocks written (1..3) into an empty cache byte for byte, and nothing of block 0."""
+    group = KVGroup(0, block_size, layer_names=("layer",))
+    with pytest.raises(LayoutError, match=r"layer 'layer': its rows can be moved only as whole block pages"):
+        KVLayout.build([group], {"layer": planes}, 2 * block_size, rows="tokens")
+    layout = KVLayout.build([group], {"layer": planes}, 2 * block_size, rows="blocks")
+    (tg,) = layout.transfer_groups
+    assert [p.pages_only for p in tg.planes] == [True] and layout.whole_chunks_only
+    block_slots = torch.tensor([1, 2, 3])
+    buffer = torch.zeros(tg.planes[0].row_bytes * 3, dtype=torch.uint8)
+    TorchBackend().transfer(tg.planes, block_slots, buffer, Direction.STORE)
+    original = cache.clone()
+    cache.zero_()
+    TorchBackend().transfer(tg.planes, block_slots, buffer, Direction.LOAD)
+    assert torch.equal(cache, original) and original[1:].any() and not original[0].any()
 
 
 def test_this_machines_vec_kernel_stores_k_transposed():
@@ -64,7 +88,6 @@ def test_fp8_rows_read_through_the_probed_layout_are_the_bytes_vllm_wrote(kv_cac
     except NotImplementedError as exc:
         pytest.skip(f"vLLM's CPU backend has no fp8 cache on this CPU: {exc}")
     hint = probe_cpu_layout(isa, torch.uint8, block_size, head_size, kv_cache_dtype, torch.bfloat16)
-    assert hint in (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED)
     blocks, heads, tokens = 4, 2, 3 * block_size - 5
     cache = torch.zeros(blocks, heads, block_size, 2 * head_size, dtype=torch.uint8)
     halves = cache.view(blocks, heads, 2 * block_size, head_size)
@@ -76,6 +99,10 @@ def test_fp8_rows_read_through_the_probed_layout_are_the_bytes_vllm_wrote(kv_cac
     ops.cpu_attn_reshape_and_cache(key.bfloat16(), value.bfloat16(), *halves.chunk(2, dim=2), slots, isa,
                                    k_scale=scale, v_scale=scale, kv_cache_dtype=kv_cache_dtype)
     planes = planes_from_tensor("layer", 0, cache, hint)
+    if hint is TensorLayout.VLLM_CPU_PAGES:
+        assert_moved_as_whole_pages(planes, cache, block_size)
+        return
+    assert hint in (TensorLayout.VLLM_CPU, TensorLayout.VLLM_CPU_K_TRANSPOSED)
     buffer = torch.zeros(sum(p.row_bytes for p in planes) * tokens, dtype=torch.uint8)
     TorchBackend().transfer(planes, slots, buffer, Direction.STORE)
     rows = buffer.split([p.row_bytes * tokens for p in planes])

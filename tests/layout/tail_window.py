@@ -35,7 +35,7 @@ class TailWindow(GroupKind):
 
     def block_rows_fit(self, group: GroupFields, chunk_size: int) -> bool:
         tokens = group.tokens_per_block
-        return group.block_size > 1 and chunk_size % tokens == 0 and (group.sliding_window or 0) % tokens == 0
+        return group.block_size > 1 and chunk_size % tokens == 0
 
 
 @dataclass(frozen=True)

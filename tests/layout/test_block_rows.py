@@ -83,7 +83,6 @@ def test_transposed_k_of_one_head_is_one_dense_page() -> None:
 
 @pytest.mark.parametrize(("group", "why"), [
     (KVGroup(0, block_size=16, sliding_window=None), "chunk 40 is not a multiple of the 16-token block"),
-    (KVGroup(0, block_size=8, sliding_window=12), "window 12 is not a multiple of the 8-token block"),
     (KVGroup(0, block_size=1, tokens_per_row=8, is_state=True, snapshots=True), "snapshots are one row per block"),
 ])
 def test_groups_a_chunk_or_window_would_cut_keep_token_rows(group: KVGroup, why: str) -> None:
@@ -93,6 +92,14 @@ def test_groups_a_chunk_or_window_would_cut_keep_token_rows(group: KVGroup, why:
 def test_a_group_converts_to_one_row_per_block() -> None:
     group = KVGroup(0, block_size=4, tokens_per_row=2, sliding_window=16, spec_name="SlidingWindowSpec")
     assert block_row_group(group, 32) == dataclasses.replace(group, block_size=1, tokens_per_row=8)
+
+
+def test_a_window_ending_inside_a_block_keeps_the_blocks_its_tokens_lie_in() -> None:
+    """Chunks end on block boundaries, so a 12-token window over 8-token blocks reads tokens of 2 blocks."""
+    group = KVGroup(0, block_size=8, sliding_window=12)
+    converted = block_row_group(group, 40)
+    assert converted == dataclasses.replace(group, block_size=1, tokens_per_row=8, sliding_window=16)
+    assert converted is not None and converted.kind.rows(converted, 0, 40) == (3, 2)
 
 
 def test_a_layers_k_and_v_heads_merge_into_its_page() -> None:

@@ -36,7 +36,9 @@ def test_the_fields_pick_the_built_in_kind_and_a_given_kind_stays() -> None:
     compressed_state = KVGroup(0, 4, tokens_per_row=4, is_state=True, sliding_window=32)
     assert [physical_rows_per_chunk(compressed_state, 64, whole) for whole in (True, False)] == [8, 9]
     assert block_row_group(windowed_state, 64) is not None
-    assert block_row_group(dataclasses.replace(windowed_state, sliding_window=24), 64) is None
+    rounded = block_row_group(dataclasses.replace(windowed_state, sliding_window=24), 64)
+    assert rounded is not None and rounded.sliding_window == 32  # the window's tokens lie in 2 blocks
+    assert block_row_group(windowed_state, 40) is None
     assert KVGroup(0, 1, tokens_per_row=16, is_state=True, snapshots=True).kind == Snapshots()
     # A built-in kind always follows the fields, also through dataclasses.replace; another kind given is kept.
     assert dataclasses.replace(KVGroup(0, 16, sliding_window=32), sliding_window=None).kind == FullAttention()

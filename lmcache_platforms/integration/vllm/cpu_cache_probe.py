@@ -4,7 +4,9 @@ The CPU cache is declared ``[blocks, kv_heads, block_size, 2 * head_size]`` but 
 (block, head) page depend on the kernel ISA the backend picked (K is stored transposed for ``vec``; other
 ISAs may pack differently). Guessing wrong would silently corrupt every reloaded cache, so we write known
 keys and values through vLLM's own cache-write op into a scratch page and compare the result with the
-layouts we can move. Anything else stops the connector at ``register_kv_caches``. An fp8 cache (``--kv-cache-dtype
+layouts we can move: K and V in rows, K transposed, or each (block, head) half-page holding its own tokens in
+tiles (AMX), which is moved only as whole block pages. Anything else stops the connector at
+``register_kv_caches``. An fp8 cache (``--kv-cache-dtype
 fp8``, ``fp8_e4m3``, ``fp8_e5m2``: one byte per element, the layer's scale applied by vLLM on the way in and out)
 is probed with values fp8 holds exactly, so its bytes are known too; the chunks carry those bytes unchanged.
 """
@@ -50,6 +52,15 @@ def _inputs(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, fp
     return written, written.to(fp8).view(torch.uint8)
 
 
+def _holds_own_rows(part: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether each (block, head) half-page holds exactly its own tokens' values, in whatever order (AMX tiles):
+    such a page can be moved whole, never row by row."""
+    flat_part = part.reshape(part.shape[0], part.shape[1], -1)
+    flat_want = want.reshape(want.shape[0], want.shape[1], -1)
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[part.element_size()]
+    return torch.equal(flat_part.view(as_int).sort(dim=-1).values, flat_want.view(as_int).sort(dim=-1).values)
+
+
 @functools.cache
 def probe_cpu_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: int, kv_cache_dtype: str = "auto",
                      input_dtype: torch.dtype = torch.bfloat16) -> TensorLayout:
@@ -78,11 +89,15 @@ def probe_cpu_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: i
     k_part = page[..., : block_size * head_size]
     v_part = page[..., block_size * head_size :].reshape(num_blocks, heads, block_size, head_size)
     if not torch.equal(v_part, want_v):
+        if _holds_own_rows(k_part, want_k) and _holds_own_rows(v_part, want_v):
+            return TensorLayout.VLLM_CPU_PAGES
         raise UnknownCacheLayout(f"{where}: V is not stored [block_size x head_size] after K; "
                                  "this layout is not supported, refusing to offload a cache we cannot read")
     if torch.equal(k_part.reshape(num_blocks, heads, block_size, head_size), want_k):
         return TensorLayout.VLLM_CPU
     if torch.equal(k_part.reshape(num_blocks, heads, head_size, block_size).transpose(-1, -2), want_k):
         return TensorLayout.VLLM_CPU_K_TRANSPOSED
+    if _holds_own_rows(k_part, want_k):
+        return TensorLayout.VLLM_CPU_PAGES
     raise UnknownCacheLayout(f"{where}: K is stored neither [block_size x head_size] nor transposed; "
                              "this layout is not supported, refusing to offload a cache we cannot read")

@@ -128,6 +128,9 @@ class Lifecycle(ImplState):
                                f"({self.plan.describe()}). Is lmcache_platforms activated in this process?")
         self.layout = build_layout(kv_caches, self.plan, self._lmcache_chunk_size, self.settings,
                                    vllm_hint_for(self._vllm_config), self._num_blocks)
+        if self.layout.whole_chunks_only and not self.plan.whole_chunks_only and self.config.save_unfull_chunk:
+            raise ValueError("this KV cache is moved only as whole block pages (vLLM's CPU attention in AMX tiles), "
+                             "so only whole chunks can be stored: set LMCache's save_unfull_chunk to false")
         binding = _bind(connector, self.layout, self._split_chunks())
         self._key_tags = {**binding.key_tags, **cache_dtype_tags(self._vllm_config), MODEL_TAG: self.model.tag}
         adapt_engine(engine, connector.parts, self._lmcache_chunk_size, self._key_tags)
