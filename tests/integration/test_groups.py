@@ -133,7 +133,22 @@ def test_state_marker_skips_and_save_groups_overrides():
     assert plan_groups(groups, keep).saved == (0, 1)
 
 
-def test_sliding_window_promoted_to_full_keeps_its_window():
-    spec = type(full())(block_size=32, num_kv_heads=1, head_size=64, dtype=full().dtype, sliding_window=48)
-    plan = plan_groups([group(["a"], spec), group(["b"], sliding(48))], DEFAULT)
-    assert [g.sliding_window for g in plan.groups] == [48, 48]
+def test_hybrid_manager_off_makes_one_full_attention_group_whatever_window_it_carries():
+    """vLLM with its hybrid manager off promotes sliding layers to full attention and merges every layer into one
+    group whose spec keeps the window: the group keeps every block and its full layers read every row, so a
+    window-only store would leave stale rows there (the HMA-off wrong answers)."""
+    from vllm.v1.core.kv_cache_utils import unify_hybrid_kv_cache_specs
+
+    specs = {"full": full(), "slide0": sliding(48), "slide1": sliding(48)}
+    unify_hybrid_kv_cache_specs(specs)
+    merged = type(full()).merge(list(specs.values()))
+    assert merged.sliding_window == 48  # what the group's spec says, though one layer is full attention
+    plan = plan_groups([group(list(specs), merged)], DEFAULT)
+    assert [g.sliding_window for g in plan.groups] == [None]
+    assert plan.groups[0].kind.reach(plan.groups[0]) is None
+
+
+def test_only_a_sliding_window_group_keeps_its_window():
+    promoted = type(full())(block_size=32, num_kv_heads=1, head_size=64, dtype=full().dtype, sliding_window=48)
+    plan = plan_groups([group(["a"], promoted), group(["b"], sliding(48))], DEFAULT)
+    assert [g.sliding_window for g in plan.groups] == [None, 48]

@@ -83,6 +83,23 @@ def _first_layer_spec(spec: Any) -> Any:
     return spec
 
 
+def manager_window(spec: Any) -> int | None:
+    """The sliding window of a group whose blocks vLLM's KV-cache manager frees by a window, else None.
+
+    Only a sliding-window spec is such a group. A full-attention spec carries a window too where vLLM merged
+    sliding-window layers into one group with full-attention ones (hybrid manager off): every block is kept
+    there and the full-attention layers read every row, so the group is full attention to us. Every layer of
+    a group must be windowed for the group to be; the widest window is the group's reach."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    layers = list(inner.values()) if isinstance(inner, dict) and inner else [spec]
+    windows = [getattr(layer, "sliding_window", None) for layer in layers]
+    if not all("SlidingWindow" in type(layer).__name__ for layer in layers):
+        return None
+    if not all(isinstance(w, int) and w > 0 for w in windows):
+        return None
+    return max(windows)
+
+
 def tokens_per_row(spec: Any) -> int | Fraction:
     """Tokens one stored row covers: 0.32+ ``tokens_per_state``, 0.23 ``compress_ratio``, else 1."""
     spec = _first_layer_spec(spec)
@@ -120,13 +137,12 @@ def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings,
     ratio = tokens_per_row(spec)
     problem = _unrestorable_reason(layer, ratio)
     cr = int(ratio) if problem is None else 1
-    window = getattr(layer, "sliding_window", None)
     spec_name = type(layer).__name__
     group = KVGroup(
         index=index,
         block_size=max(1, spec.block_size // cr),
         tokens_per_row=cr,
-        sliding_window=window if isinstance(window, int) and window > 0 else None,
+        sliding_window=manager_window(spec),
         is_state="Mamba" in spec_name or any(m and m in spec_name for m in settings.state_markers),
         layer_names=tuple(group_spec.layer_names),
         spec_name=spec_name,
