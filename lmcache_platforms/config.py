@@ -65,6 +65,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("platforms.chunk_rows", "LMCACHE_PLATFORMS_CHUNK_ROWS", "blocks",
             "blocks: where chunks are saved whole and cover whole blocks, a chunk holds each block's page as one "
             "row (one copy per page); tokens: one row per token, as LMCache does"),
+    Setting("platforms.poison_loads", "LMCACHE_PLATFORMS_POISON_LOADS", False,
+            "TEST ONLY, off by default: before a load writes a request's blocks, fill every row of them with "
+            "random finite values, so a row the load should write and does not changes the answer"),
     Setting("platforms.model_revision", "LMCACHE_PLATFORMS_MODEL_REVISION", "",
             "names the weights in every chunk key instead of their files' size and mtime: servers given the same "
             "value must hold the same weights"),
@@ -77,10 +80,19 @@ def _as_list(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
+
+
 def _convert(key: str, default: Any, raw: Any) -> Any:
-    """``raw`` as the type of the setting's default (a tuple for lists, a non-negative float for numbers)."""
+    """``raw`` as the type of the setting's default (a tuple for lists, a bool for switches, a non-negative
+    float for numbers)."""
     if isinstance(default, tuple):
         return _as_list(raw)
+    if isinstance(default, bool):
+        word = str(raw).strip().lower()
+        if word not in _TRUE + _FALSE:
+            raise ValueError(f"{key} must be true or false, got {raw!r}")
+        return word in _TRUE
     if isinstance(default, float):
         try:
             value = float(raw)
@@ -110,6 +122,7 @@ class PlatformSettings:
     remote_close_timeout_s: float = 5.0
     chunk_parts: str = "window"
     chunk_rows: str = "blocks"
+    poison_loads: bool = False
     model_revision: str = ""
 
     @classmethod

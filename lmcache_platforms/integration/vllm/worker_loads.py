@@ -14,6 +14,7 @@ copied into memory that may be unmapped.
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ import torch
 
 from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
+from lmcache_platforms.connector.poison import poison_blocks
 from lmcache_platforms.connector.request import LAYER_GATE
 from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm import vllm_compat
@@ -187,6 +189,9 @@ class WorkerLoads(ImplState):
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
         self._hear_reads(engine)
         binding = self._binding()
+        block_ids = request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)
+        if self.settings.poison_loads and binding is not None:
+            poison_blocks(binding.layout, block_ids, seed=zlib.crc32(request.req_id.encode()))
         bytes_before = binding.counters.bytes_loaded if binding is not None else 0
         chunks_before = binding.counters.chunks_loaded if binding is not None else 0
         groups_before = dict(binding.counters.group_bytes_loaded) if binding is not None else {}
@@ -198,7 +203,7 @@ class WorkerLoads(ImplState):
                 mask,
                 vllm_cached_tokens=spec.vllm_cached_tokens,
                 load_guard=guard,
-                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens), gate),
+                **self._transfer_kwargs(request, block_ids, gate),
             )
         finally:
             if gate is not None:
