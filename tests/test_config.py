@@ -43,7 +43,8 @@ def test_environment_overrides_extra_config_and_kv_connector_extra_config_overri
               "platforms.drain_timeout_s": ("1.0", "0.0", "90.0"),
               "platforms.remote_close_timeout_s": ("2.0", "0.0", "9.0"),
               "platforms.chunk_parts": ("whole", "window", "whole"),
-              "platforms.chunk_rows": ("tokens", "blocks", "tokens")}.get(setting.key, ("A", "B", "C"))
+              "platforms.chunk_rows": ("tokens", "blocks", "tokens"),
+              "platforms.poison_loads": ("True", "False", "True")}.get(setting.key, ("A", "B", "C"))
     file_value, env_value, vllm_value = values
 
     def got(settings: PlatformSettings) -> object:
@@ -55,6 +56,16 @@ def test_environment_overrides_extra_config_and_kv_connector_extra_config_overri
     both = PlatformSettings.load({setting.key: file_value}, env={setting.env: env_value},
                                  overrides={setting.key: vllm_value})
     assert got(both) == vllm_value
+
+
+@pytest.mark.parametrize(("raw", "value"), [(True, True), ("true", True), ("1", True), ("off", False), (False, False)])
+def test_a_switch_takes_true_or_false(raw: object, value: bool) -> None:
+    assert PlatformSettings.load({"platforms.poison_loads": raw}, env={}).poison_loads is value
+
+
+def test_a_switch_refuses_anything_else() -> None:
+    with pytest.raises(ValueError, match=r"^platforms.poison_loads must be true or false, got 'maybe'$"):
+        PlatformSettings.load({"platforms.poison_loads": "maybe"}, env={})
 
 
 def test_only_platforms_keys_of_kv_connector_extra_config_are_ours() -> None:

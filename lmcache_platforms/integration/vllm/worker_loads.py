@@ -90,7 +90,9 @@ class WorkerLoads(ImplState):
                 continue
             if self._kv_unregistered:
                 self._skip_load(engine, request)
-            elif request.load_while_waiting:
+                continue
+            self._poison(request)
+            if request.load_while_waiting:
                 self.loads.submit(request.req_id, partial(self._load_waiting, engine, request),
                                   wait=self.settings.load_mode == "sync")
             elif self.layerwise and (binding := self._binding()) is not None:
@@ -107,6 +109,20 @@ class WorkerLoads(ImplState):
             for name in binding.moved_layers:
                 if name not in hooked:
                     self.wait_for_layer_load(name)
+
+    def _poison(self, request: RequestMeta) -> None:
+        """``platforms.poison_loads`` (tests only): the request's blocks past vLLM's own hit are filled with random
+        values here, before the step's forward and before the load starts, so that nothing but the load and the
+        forward's own writes of new tokens can leave right bytes in them."""
+        binding = self._binding()
+        spec = request.load_spec
+        if not self.settings.poison_loads or binding is None or spec is None:
+            return
+        try:
+            blocks = request.blocks_not_held(spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
+        except ValueError:
+            return  # no block to load into: the load itself reports it
+        poison_blocks(binding.layout, blocks, seed=zlib.crc32(request.req_id.encode()))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """The forward is about to read ``layer_name``: wait until every load of this step wrote it (a load past
@@ -190,8 +206,6 @@ class WorkerLoads(ImplState):
         self._hear_reads(engine)
         binding = self._binding()
         block_ids = request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)
-        if self.settings.poison_loads and binding is not None:
-            poison_blocks(binding.layout, block_ids, seed=zlib.crc32(request.req_id.encode()))
         bytes_before = binding.counters.bytes_loaded if binding is not None else 0
         chunks_before = binding.counters.chunks_loaded if binding is not None else 0
         groups_before = dict(binding.counters.group_bytes_loaded) if binding is not None else {}
