@@ -10,8 +10,9 @@ engine. Precedence, highest first: kv_connector_extra_config, environment, extra
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -77,7 +78,19 @@ SETTINGS: tuple[Setting, ...] = (
 def _as_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (str(value),)  # a yaml list of one group index, written without brackets
     return tuple(str(v) for v in value)
+
+
+def _check_keys(source: str, keys: Iterable[str]) -> None:
+    """Refuse a ``platforms.*`` key we do not have, naming the nearest one: a typo must not be ignored."""
+    known = [s.key for s in SETTINGS]
+    for key in keys:
+        if key.startswith(SETTINGS_PREFIX) and key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; known keys: {', '.join(known)}"
+            raise ValueError(f"unknown setting {key!r} in {source}{hint}")
 
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
@@ -94,6 +107,8 @@ def _convert(key: str, default: Any, raw: Any) -> Any:
             raise ValueError(f"{key} must be true or false, got {raw!r}")
         return word in _TRUE
     if isinstance(default, float):
+        if isinstance(raw, bool):
+            raise ValueError(f"{key} must be a number of seconds, got {raw!r}")
         try:
             value = float(raw)
         except (TypeError, ValueError):
@@ -136,6 +151,8 @@ class PlatformSettings:
         are ours), else the environment, else ``extra_config``, else the default; reject unknown values."""
         extra = dict(extra_config or {})
         override = {k: v for k, v in (overrides or {}).items() if k.startswith(SETTINGS_PREFIX)}
+        _check_keys("LMCache's extra_config", extra)
+        _check_keys("vLLM's kv_connector_extra_config", override)
         environ = os.environ if env is None else env
         values: dict[str, Any] = {}
         for setting, field in zip(SETTINGS, fields(cls), strict=True):

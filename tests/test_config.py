@@ -68,6 +68,26 @@ def test_a_switch_refuses_anything_else() -> None:
         PlatformSettings.load({"platforms.poison_loads": "maybe"}, env={})
 
 
+@pytest.mark.parametrize(("source", "where"), [("file", "LMCache's extra_config"),
+                                               ("vllm", "vLLM's kv_connector_extra_config")])
+def test_a_misspelt_key_is_refused_naming_the_nearest_one(source: str, where: str) -> None:
+    given = {"platforms.lod_mode": "async"}
+    with pytest.raises(ValueError) as caught:
+        PlatformSettings.load(given if source == "file" else None, env={},
+                              overrides=given if source == "vllm" else None)
+    assert str(caught.value) == (f"unknown setting 'platforms.lod_mode' in {where}; "
+                                 "did you mean 'platforms.load_mode'?")
+
+
+def test_one_group_index_written_without_a_list_is_a_list_of_one() -> None:
+    assert PlatformSettings.load({"platforms.save_groups": 0}, env={}).save_groups == ("0",)
+
+
+def test_a_number_of_seconds_refuses_a_switch() -> None:
+    with pytest.raises(ValueError, match=r"^platforms.load_timeout_s must be a number of seconds, got True$"):
+        PlatformSettings.load({"platforms.load_timeout_s": True}, env={})
+
+
 def test_only_platforms_keys_of_kv_connector_extra_config_are_ours() -> None:
     settings = PlatformSettings.load({}, env={}, overrides={"lmcache.chunk_size": 64, "mode": "exploded",
                                                            "kernel_backend": "torch"})
