@@ -15,7 +15,7 @@ PYTEST_WORKERS ?= -n 2 --no-loadscope-reorder
 # workers leave a core idle (servers starting, clients waiting); its report follows pytest's, and either failing
 # fails the target.
 
-.PHONY: setup test device-check mutation demo lint clean
+.PHONY: setup test device-check mutation fuzz demo lint clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ test: setup
 # three times, with each figure's range).
 device-check: setup
 	$(TEST_ENV) $(PY) scripts/device_check.py $(DEVICE_CHECK_ARGS)
+
+# The differential fuzzer (not in CI): random settings and workloads, every answer against a reference that stored
+# nothing, blocks poisoned before each load (tests/fuzz/run.py). FUZZ_ARGS="--requests 2000" or "--minutes 60";
+# a failure prints its seed and a one-line replay command; tests/fuzz/test_fuzz_slice.py is its slice in CI.
+FUZZ_ARGS ?= --minutes 10
+fuzz: setup
+	$(TEST_ENV) $(PY) -m tests.fuzz.run $(FUZZ_ARGS)
 
 # Mutation testing (not in CI; minutes): mutmut mutates the modules pyproject.toml's [tool.mutmut] names and runs
 # the tests covering each mutant; docs/mutation.md holds the last score and why each survivor is equivalent.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
+from collections.abc import Collection
 
 import pytest
 import torch
@@ -67,12 +68,13 @@ def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> rou
     return roundtrip.Request(request.tokens, request.stored_tokens, apply(request.store_ids), apply(request.load_ids))
 
 
-def model_rows(spec: LayoutSpec, num_tokens: int) -> dict[int, list[int]]:
+def model_rows(spec: LayoutSpec, num_tokens: int, block_rows: Collection[int] = ()) -> dict[int, list[int]]:
     """Per saved group, the rows LMCache must hand back, by the README's rules alone: state groups are not
     saved unless they are snapshot groups; with several saved groups or a snapshot group only whole chunks
     are; a row belongs to the chunk holding its first token; a sliding-window group keeps the rows holding a
     token within the window before the chunk's end; a snapshot group keeps the snapshot taken at
-    the chunk's end (row r = the state after (r + 1) x tokens_per_row tokens)."""
+    the chunk's end (row r = the state after (r + 1) x tokens_per_row tokens). A group moved in block rows
+    (``block_rows``) keeps whole blocks: a window then keeps every row of the blocks holding one of its tokens."""
     saved = [g for g in spec.groups if g.snapshots or not (g.is_state or "State" in g.spec_name)]
     whole = len(saved) > 1 or any(g.snapshots for g in saved)
     stored = num_tokens - num_tokens % spec.chunk_size if whole else num_tokens
@@ -85,6 +87,8 @@ def model_rows(spec: LayoutSpec, num_tokens: int) -> dict[int, list[int]]:
                 rows += [end // cr - 1]
                 continue
             low = start if g.sliding_window is None else max(start, end - g.sliding_window)
+            if g.index in block_rows:
+                low -= low % (g.block_size * cr)
             rows += sorted({t // cr for t in range(low, end)})
         out[g.index] = rows
     return out
@@ -97,12 +101,12 @@ def slot(ids: torch.Tensor, block_size: int, row: int) -> int | None:
 
 
 def check_against_model(spec: LayoutSpec, layout, request: roundtrip.Request,
-                        before: dict[tuple[str, str], torch.Tensor]) -> None:
+                        before: dict[tuple[str, str], torch.Tensor], block_rows: Collection[int] = ()) -> None:
     """After store -> wipe (whole allocations) -> load: each model row is at its load slot with the bytes it
     had at its store slot, and every other byte of every allocation (rows, padding, gaps) is still zero.
     ``layout`` plans token rows (one per token or compressed row), whatever row unit the engine moved."""
     written = {key(s): torch.zeros_like(s, dtype=torch.uint8) for s in allocations(layout)}
-    for group, rows in model_rows(spec, len(request.tokens)).items():
+    for group, rows in model_rows(spec, len(request.tokens), block_rows).items():
         size = spec.groups[group].block_size
         pairs = [(slot(request.store_ids[group], size, r), slot(request.load_ids[group], size, r)) for r in rows]
         pairs = [(src, dst) for src, dst in pairs if src is not None and dst is not None]
@@ -179,4 +183,5 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
             assert not loaded.released  # marked one by one by the load, not let through
     assert hit == request.stored_tokens
     assert verdict.bit_exact, verdict.problems  # the selftest's own oracle
-    check_against_model(spec, model, request, before)  # and one that shares no slot or chunk code with it
+    in_blocks = [g.index for g in layout.groups if g != model.group(g.index)]
+    check_against_model(spec, model, request, before, in_blocks)  # and one that shares no slot or chunk code

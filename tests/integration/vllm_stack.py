@@ -73,14 +73,17 @@ class Stack:
                 ops.cpu_attn_reshape_and_cache(key[real], value[real], *halves, slots[real], isa)
 
     def rows(self, group: int, block_ids: list[int], tokens: range) -> torch.Tensor:
-        """Bytes of ``tokens``' rows in every layer of ``group``, read through the bound layout's planes."""
+        """Bytes of the rows holding ``tokens`` in every layer of ``group``, read through the bound layout's
+        planes."""
         from lmcache_platforms.kernels.contract import Direction, buffer_bytes
         from lmcache_platforms.kernels.torch_backend import TorchBackend
-        from lmcache_platforms.layout.slots import slot_mapping
+        from lmcache_platforms.layout.slots import rows_for_tokens, slot_mapping
 
         layout = self.worker.impl.layout
         (tg,) = [tg for tg in layout.transfer_groups if tg.group == group]
-        slots = slot_mapping(layout.group(group), block_ids, tokens.stop)[tokens.start :]
+        kv_group = layout.group(group)  # in block rows where the layout moves whole block pages
+        first = tokens.start // kv_group.tokens_per_row
+        slots = slot_mapping(kv_group, block_ids, rows_for_tokens(tokens.stop, kv_group))[first:]
         buffer = torch.zeros(buffer_bytes(tg.planes, len(slots)), dtype=torch.uint8)
         TorchBackend().transfer(tg.planes, slots, buffer, Direction.STORE)
         return buffer

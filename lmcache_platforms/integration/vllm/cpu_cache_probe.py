@@ -14,6 +14,8 @@ is probed with values fp8 holds exactly, so its bytes are known too; the chunks 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -101,3 +103,23 @@ def probe_cpu_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: i
         return TensorLayout.VLLM_CPU_PAGES
     raise UnknownCacheLayout(f"{where}: K is stored neither [block_size x head_size] nor transposed; "
                              "this layout is not supported, refusing to offload a cache we cannot read")
+
+
+def tiled_block_sizes(kv_cache_groups: Sequence[Any], model_dtype: torch.dtype, cache_dtype: str,
+                      isa_of: Callable[[torch.dtype, int, int, str], str]) -> list[int]:
+    """Block sizes (tokens) of the attention groups whose CPU cache vLLM keeps in AMX tiles (``isa_of``: vLLM's
+    choice of kernel ISA): their rows move only as whole block pages, so a chunk must cover whole blocks."""
+    sizes = []
+    for group in kv_cache_groups:
+        spec = group.kv_cache_spec
+        head_size, dtype = getattr(spec, "head_size", None), getattr(spec, "dtype", None)
+        if not isinstance(head_size, int) or not isinstance(dtype, torch.dtype):
+            continue
+        written = model_dtype if cache_dtype in FP8_CACHE_DTYPES else dtype
+        try:
+            isa = isa_of(written, spec.block_size, head_size, cache_dtype)
+        except NotImplementedError:
+            continue
+        if isa == "amx":
+            sizes.append(spec.block_size)
+    return sizes

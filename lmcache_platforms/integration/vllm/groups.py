@@ -95,9 +95,8 @@ def manager_window(spec: Any) -> int | None:
     windows = [getattr(layer, "sliding_window", None) for layer in layers]
     if not all("SlidingWindow" in type(layer).__name__ for layer in layers):
         return None
-    if not all(isinstance(w, int) and w > 0 for w in windows):
-        return None
-    return max(windows)
+    sizes = [w for w in windows if isinstance(w, int) and w > 0]
+    return max(sizes) if len(sizes) == len(windows) else None
 
 
 def tokens_per_row(spec: Any) -> int | Fraction:

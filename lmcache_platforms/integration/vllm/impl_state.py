@@ -13,8 +13,10 @@ fires our patch of that name, which imports ``engine_impl``. Import the adapter 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl
 
 from lmcache_platforms.config import PlatformSettings, connector_settings
@@ -23,6 +25,7 @@ from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.connector.remote_lookups import remote_lookup_counts
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import AsyncLoads
+from lmcache_platforms.integration.vllm.cpu_cache_probe import tiled_block_sizes
 from lmcache_platforms.integration.vllm.groups import GroupPlan, plan_groups, recurrent_block_sizes, single_group_plan
 from lmcache_platforms.integration.vllm.kv_events import EventQueue, tiers_of
 from lmcache_platforms.integration.vllm.model_identity import ModelIdentity, model_identity
@@ -96,14 +99,34 @@ class ImplState(LMCacheConnectorV1Impl):
         setattr(config, LAYERWISE_TAKEN, self.layerwise)
         config.use_layerwise = False
         kv_cache_config = vllm_compat.kv_cache_config(self._parent)
-        blocks = recurrent_block_sizes(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else []
-        if not blocks:
+        if kv_cache_config is None:
             return
-        chunk_size, line = chunk_size_for(config.chunk_size, blocks)
-        if chunk_size == config.chunk_size:
-            logger.info(line)
+        blocks = recurrent_block_sizes(kv_cache_config.kv_cache_groups)
+        if blocks:
+            chunk_size, line = chunk_size_for(config.chunk_size, blocks)
+            (logger.info if chunk_size == config.chunk_size else logger.warning)(line)
+            config.chunk_size = chunk_size
+        self._cover_tiled_blocks(config, vllm_config, kv_cache_config.kv_cache_groups, blocks)
+
+    @staticmethod
+    def _cover_tiled_blocks(config: LMCacheEngineConfig, vllm_config: VllmConfig, groups: Any,
+                            recurrent: list[int]) -> None:
+        """vLLM's CPU attention in AMX tiles: a block's rows move only as its whole page, so the chunk size is
+        rounded up to cover whole blocks (of the recurrent groups too), scheduler and workers alike."""
+        if getattr(vllm_config.device_config, "device_type", "") != "cpu":
             return
-        logger.warning(line)
+        model_dtype = getattr(vllm_config.model_config, "dtype", torch.bfloat16)
+        cache_dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "auto"))
+        tiled = tiled_block_sizes(groups, model_dtype, cache_dtype, vllm_compat.cpu_attention_isa)
+        if not tiled:
+            return
+        block = math.lcm(*tiled, *recurrent)
+        if config.chunk_size % block == 0:
+            return
+        chunk_size = -(-config.chunk_size // block) * block
+        logger.warning("vLLM's CPU attention keeps this KV cache in AMX tiles, which move only as whole %d-token "
+                       "blocks: LMCache chunk_size %d is no multiple of them; using chunk_size %d", block,
+                       config.chunk_size, chunk_size)
         config.chunk_size = chunk_size
 
     def _init_connector_state(self, role: KVConnectorRole, vllm_config: VllmConfig,

@@ -1,0 +1,56 @@
+"""The fuzzer's seeded slice in the suite, with its negative controls: one workload that goes looking for stale
+rows (a prompt back after others reused its blocks, a branch off a shared document, lengths on window and
+chunk edges), on a sliding-window hybrid with vLLM's hybrid manager on, compared with a reference that stored
+nothing; the same workload with a sliding window's first row dropped, and with every chunk's first row neither
+stored nor loaded under poisoned blocks, must fail the same oracle.
+
+``make fuzz`` runs the random search (``tests/fuzz/run.py``); this slice keeps its oracle honest in CI.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from tests.fuzz.cases import WINDOW, Case
+from tests.fuzz.run import judge, model_dirs, pages_only, run_passes
+
+pytestmark = pytest.mark.slow
+
+CHUNK = 128
+
+
+def control_case() -> Case:
+    rng = random.Random(58)
+    doc = [rng.randrange(1, 2000) for _ in range(2 * CHUNK + 8)]
+
+    def tail(n: int) -> list[int]:
+        return [rng.randrange(1, 2000) for _ in range(n)]
+
+    a = doc + tail(30)
+    batches = [[a], [doc[:CHUNK + WINDOW] + tail(61)], [tail(300)], [tail(17)], [a]]
+    settings = {"model": "hybrid", "connector": "LMCachePlatformsConnector", "hma": True, "chunk_size": CHUNK,
+                "block_size": 64, "chunk_parts": "window", "chunk_rows": "blocks" if pages_only() else "tokens",
+                "load_mode": "sync", "layerwise": False, "tier": "cpu", "prefix_caching": False}
+    return Case(58, settings, batches)
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, list[str]]:
+    clean = control_case()
+    variants = {"clean": clean, "window-off-by-one": replace(clean, plant="window-off-by-one"),
+                "skip-row": replace(clean, plant="skip-row")}
+    reference, results, _ = run_passes(list(variants.values()), model_dirs()["hybrid"])
+    return {name: judge(case, reference, result)
+            for (name, case), result in zip(variants.items(), results, strict=True)}
+
+
+def test_loads_under_poisoned_blocks_answer_as_a_reference_that_stored_nothing(verdicts) -> None:
+    assert verdicts["clean"] == []
+
+
+@pytest.mark.parametrize("plant", ["window-off-by-one", "skip-row"])
+def test_a_planted_fault_fails_the_oracle(verdicts, plant: str) -> None:
+    assert any("differ" in problem for problem in verdicts[plant]), verdicts[plant]
