@@ -114,3 +114,25 @@ def test_fp8_rows_read_through_the_probed_layout_are_the_bytes_vllm_wrote(kv_cac
     assert torch.equal(v.view(tokens, heads, head_size), (value / scale).to(fp8).view(torch.uint8))
     other = torch.float8_e5m2 if fp8 is torch.float8_e4m3fn else torch.float8_e4m3fn
     assert not torch.equal(k.view(tokens, heads, head_size), (key / scale).to(other).view(torch.uint8))
+
+
+def test_attention_groups_in_amx_tiles_are_the_ones_whose_blocks_a_chunk_must_cover():
+    """vLLM's own ISA choice decides; only attention specs are asked, a group it refuses is not tiled, and an fp8
+    cache is asked about with the model's dtype (what vLLM's kernel writes from)."""
+    from lmcache_platforms.integration.vllm.cpu_cache_probe import tiled_block_sizes
+    from tests.integration.specs import full, group, mamba, sliding
+
+    asked = []
+
+    def isa_of(dtype, block_size, head_size, cache_dtype):
+        asked.append((dtype, block_size, cache_dtype))
+        if block_size == 64:
+            raise NotImplementedError("no such cache here")
+        return "amx" if dtype is torch.bfloat16 and block_size % 32 == 0 else "vec"
+
+    groups = [group(["a"], full(block=128)), group(["b"], sliding(64, block=64)), group(["m"], mamba())]
+    assert tiled_block_sizes(groups, torch.bfloat16, "auto", isa_of) == [128]
+    assert [a[1] for a in asked] == [128, 64]
+    asked.clear()
+    assert tiled_block_sizes(groups[:1], torch.bfloat16, "fp8", isa_of) == [128]
+    assert asked == [(torch.bfloat16, 128, "fp8")]
