@@ -31,6 +31,11 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 _CORES = sorted(os.sched_getaffinity(0))
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[_WORKER % len(_CORES)]))
 
+# Every engine the suite starts loads into poisoned blocks (``platforms.poison_loads``): an answer compared with
+# vLLM's own then proves the load, not a previous owner's identical bytes. Tests that read the cache's bytes
+# themselves turn it off in their own configuration.
+os.environ.setdefault("LMCACHE_PLATFORMS_POISON_LOADS", "1")
+
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 CORE_EXAMPLES = 100
 

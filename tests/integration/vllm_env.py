@@ -34,8 +34,9 @@ def vllm_config(model: Path, connector: str, disable_hma: bool | None = None, **
     from lmcache_platforms.integration.vllm.registration import register_connectors
 
     register_connectors()
+    # These stacks' tests compare the cache's bytes before and after a load themselves: no poison.
     extra_config = {"lmcache.chunk_size": CHUNK, "lmcache.local_cpu": True, "lmcache.max_local_cpu_size": 0.2,
-                    **extra}
+                    "platforms.poison_loads": False, **extra}
     args = EngineArgs(
         model=str(model), skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK, max_model_len=1024,
         kv_transfer_config=KVTransferConfig(kv_connector=connector, kv_role="kv_both",
