@@ -22,8 +22,10 @@ DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "chunk_rows": ("blocks", "tokens"),
     "load_mode": ("sync", "async"),
     "layerwise": (False, True),
-    "tier": ("cpu", "disk"),
+    "tier": ("cpu", "disk", "fs"),
     "prefix_caching": (False, True),
+    "kv_cache_dtype": ("auto", "fp8"),
+    "kv_cache": ("roomy", "tight"),
 }
 WINDOW = 96  # the hybrid model's sliding window: not a multiple of any block size drawn
 MAX_PROMPT = 1500
@@ -39,6 +41,8 @@ class Case:
     poison: bool = True
     notes: list[str] = field(default_factory=list)
     incomparable: int = 0
+    hit_tokens: int = 0
+    preemptions: int = 0
     fixed: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -60,16 +64,23 @@ class Case:
         }
         if s["tier"] == "cpu":
             extra.update({"lmcache.local_cpu": True, "lmcache.max_local_cpu_size": 1.0})
-        else:
+        elif s["tier"] == "disk":
             extra.update({"lmcache.local_cpu": False, "lmcache.local_disk": f"file://{workdir}/disk/",
                           "lmcache.max_local_disk_size": 1.0})
+        else:  # a shared file-system store behind a small CPU tier that evicts
+            extra.update({"lmcache.local_cpu": True, "lmcache.max_local_cpu_size": 0.02,
+                          "lmcache.remote_url": f"fs://localhost:0{workdir}/fs", "lmcache.remote_serde": "naive"})
         engine: dict[str, Any] = {
             "max_model_len": 2048,
+            "kv_cache_dtype": s["kv_cache_dtype"],
             "enable_prefix_caching": s["prefix_caching"],
             "disable_hybrid_kv_cache_manager": not s["hma"],
         }
         if s["block_size"]:
             engine["block_size"] = s["block_size"]
+        if s["kv_cache"] == "tight":  # one longest request's blocks and a few more: concurrent batches preempt
+            groups = 3 if s["model"] == "hybrid" and s["hma"] else 1
+            engine["num_gpu_blocks_override"] = groups * -(-2048 // self.effective_block()) + 4
         return {"model_dir": model_dir, "connector": s["connector"], "extra_config": extra, "engine": engine,
                 "reference": reference, "max_tokens": MAX_TOKENS, "batches": self.batches,
                 "plant": None if reference else self.plant}

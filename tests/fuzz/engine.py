@@ -25,7 +25,8 @@ import lmcache_platforms  # noqa: F401 - activation, as vLLM's plugin entry poin
 from tests.fuzz import plants
 
 MODULE_PATHS = {"LMCacheConnectorV1Dynamic": "lmcache.integration.vllm.lmcache_connector_v1"}
-HIT_METRICS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits"}
+HIT_METRICS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits",
+               "preemptions": "vllm:num_preemptions"}
 
 
 def _transfer_config(spec: dict[str, Any]) -> dict[str, Any]:

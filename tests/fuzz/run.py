@@ -91,6 +91,8 @@ def compare(case: Case, reference: dict[str, Any], run: dict[str, Any]) -> list[
     index = 0
     for number, batch in enumerate(case.batches):
         hit = run["answers"][index + len(batch) - 1]["batch_hits"]["lmcache"]
+        case.hit_tokens += hit
+        case.preemptions += run["answers"][index + len(batch) - 1]["batch_hits"].get("preemptions", 0)
         if len(batch) > 1 and hit:
             # A load changes how many tokens the step computes, and vLLM's CPU kernels round a batch of another
             # shape differently: only single requests, or batches without a hit, compare with the reference.
@@ -175,7 +177,9 @@ def fuzz(seeds: list[int], requests_per_case: int, stop: Callable[[int, float], 
         verdict = run_case(case, models)
         verdicts.append(verdict)
         status = "ok" if verdict.ok else "FAIL"
-        say(f"seed {seed}: {status} {case.requests} requests in {verdict.seconds:.0f} s {json.dumps(case.settings)}")
+        say(f"seed {seed}: {status} {case.requests} requests ({case.hit_tokens} tokens hit, "
+            f"{case.preemptions} preemptions) in "
+            f"{verdict.seconds:.0f} s {json.dumps(case.settings)}")
         for problem in verdict.problems:
             say(f"    {problem}")
         if not verdict.ok:
@@ -188,12 +192,15 @@ def fuzz(seeds: list[int], requests_per_case: int, stop: Callable[[int, float], 
 def summary(verdicts: list[Verdict], seconds: float) -> str:
     requests = sum(v.case.requests for v in verdicts)
     incomparable = sum(v.case.incomparable for v in verdicts)
+    hits = sum(v.case.hit_tokens for v in verdicts)
+    preemptions = sum(v.case.preemptions for v in verdicts)
     reached: dict[str, set[str]] = defaultdict(set)
     for v in verdicts:
         for name, value in v.case.settings.items():
             reached[name].add(str(value))
     lines = [f"{len(verdicts)} cases, {requests} requests, {sum(not v.ok for v in verdicts)} failed, "
              f"{seconds / 60:.1f} minutes, {requests / max(seconds / 60, 1e-9):.1f} requests per minute; "
+             f"{hits} tokens hit, {preemptions} preemptions; "
              f"{incomparable} requests in concurrent batches with a hit not compared"]
     for name, values in DIMENSIONS.items():
         missing = {str(v) for v in values} - reached[name]

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.fuzz.cases import WINDOW, Case
+from tests.fuzz.cases import DIMENSIONS, WINDOW, Case
 from tests.fuzz.run import judge, model_dirs, pages_only, run_passes
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,9 @@ def control_case() -> Case:
     batches = [[a], [doc[:CHUNK + WINDOW] + tail(61)], [tail(300)], [tail(17)], [a]]
     settings = {"model": "hybrid", "connector": "LMCachePlatformsConnector", "hma": True, "chunk_size": CHUNK,
                 "block_size": 64, "chunk_parts": "window", "chunk_rows": "blocks" if pages_only() else "tokens",
-                "load_mode": "sync", "layerwise": False, "tier": "cpu", "prefix_caching": False}
+                "load_mode": "sync", "layerwise": False, "tier": "cpu", "prefix_caching": False,
+                "kv_cache_dtype": "auto", "kv_cache": "roomy"}
+    assert settings.keys() == DIMENSIONS.keys()
     return Case(58, settings, batches)
 
 
