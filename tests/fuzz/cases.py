@@ -43,6 +43,7 @@ class Case:
     incomparable: int = 0
     hit_tokens: int = 0
     preemptions: int = 0
+    one_token: int = 0
     fixed: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -138,17 +139,17 @@ def draw_case(seed: int, pages_only: bool, requests: int = 12, fixed: dict[str, 
 
 
 def allowed_hits(case: Case) -> list[int | None]:
-    """Per request, the LMCache hit the stored chunks allow (whole chunks of earlier prompts, never the whole
-    prompt), or None where a batch's requests could see each other's stores."""
+    """Per request, the LMCache hit the stored chunks allow (whole chunks of earlier prompts, at most all but the
+    prompt's last token), or None where a batch's requests could see each other's stores."""
     chunk = case.settings["chunk_size"]
     stored: set[tuple[int, ...]] = set()
     out: list[int | None] = []
     for batch in case.batches:
         for prompt in batch:
             best = 0
-            for end in range(chunk, len(prompt), chunk):
+            for end in range(chunk, len(prompt) + 1, chunk):
                 if tuple(prompt[:end]) in stored:
-                    best = end
+                    best = min(end, len(prompt) - 1)  # vLLM computes at least the prompt's last token
             out.append(best if len(batch) == 1 else None)
         for prompt in batch:
             stored.update(tuple(prompt[:end]) for end in range(chunk, len(prompt) + 1, chunk))

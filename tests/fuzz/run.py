@@ -90,32 +90,37 @@ def compare(case: Case, reference: dict[str, Any], run: dict[str, Any]) -> list[
     exact = case.settings["tier"] == "cpu" and not case.settings["prefix_caching"]
     index = 0
     for number, batch in enumerate(case.batches):
-        hit = run["answers"][index + len(batch) - 1]["batch_hits"]["lmcache"]
+        counts = run["answers"][index + len(batch) - 1]["batch_hits"]
+        hit = counts["lmcache"]
         case.hit_tokens += hit
-        case.preemptions += run["answers"][index + len(batch) - 1]["batch_hits"].get("preemptions", 0)
+        case.preemptions += counts.get("preemptions", 0)
         if len(batch) > 1 and hit:
             # A load changes how many tokens the step computes, and vLLM's CPU kernels round a batch of another
             # shape differently: only single requests, or batches without a hit, compare with the reference.
             case.incomparable += len(batch)
             index += len(batch)
             continue
+        one_token = len(batch) == 1 and hit + counts["vllm"] == len(batch[0]) - 1
+        case.one_token += one_token
         for _ in batch:
             ref, got = reference["answers"][index], run["answers"][index]
             if ref["tokens"] != got["tokens"]:
                 step = next(i for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b)
                 problems.append(f"request {index} (batch {number}): token {step} differs")
-            elif ref["logprobs"] != got["logprobs"]:
+            elif ref["logprobs"] != got["logprobs"] and not one_token:
+                # A hit that leaves one token to compute runs vLLM's CPU attention on its one-query path, which
+                # rounds otherwise than a whole prefill: vLLM's own prefix cache differs from a cold run there
+                # too. Such a request is held to its greedy tokens.
                 step = next(i for i, (a, b) in enumerate(zip(ref["logprobs"], got["logprobs"], strict=True))
                             if a != b)
                 problems.append(f"request {index} (batch {number}): top logprobs differ from token {step}")
             index += 1
-        hits = run["answers"][index - 1]["batch_hits"]["lmcache"]
         budget = [allowed[i] for i in range(index - len(batch), index)]
         if None not in budget:
-            if hits > sum(budget):  # type: ignore[arg-type]
-                problems.append(f"batch {number}: LMCache hit {hits} tokens, the stored chunks allow {budget}")
-            elif exact and hits != sum(budget):  # type: ignore[arg-type]
-                problems.append(f"batch {number}: LMCache hit {hits} tokens, the stored chunks hold {budget}")
+            if hit > sum(budget):  # type: ignore[arg-type]
+                problems.append(f"batch {number}: LMCache hit {hit} tokens, the stored chunks allow {budget}")
+            elif exact and hit != sum(budget):  # type: ignore[arg-type]
+                problems.append(f"batch {number}: LMCache hit {hit} tokens, the stored chunks hold {budget}")
         if reference["answers"][index - 1]["batch_hits"]["lmcache"]:
             problems.append(f"batch {number}: the reference, which stored nothing, hit LMCache")
     return problems
@@ -193,6 +198,7 @@ def summary(verdicts: list[Verdict], seconds: float) -> str:
     requests = sum(v.case.requests for v in verdicts)
     incomparable = sum(v.case.incomparable for v in verdicts)
     hits = sum(v.case.hit_tokens for v in verdicts)
+    one_token = sum(v.case.one_token for v in verdicts)
     preemptions = sum(v.case.preemptions for v in verdicts)
     reached: dict[str, set[str]] = defaultdict(set)
     for v in verdicts:
@@ -201,7 +207,8 @@ def summary(verdicts: list[Verdict], seconds: float) -> str:
     lines = [f"{len(verdicts)} cases, {requests} requests, {sum(not v.ok for v in verdicts)} failed, "
              f"{seconds / 60:.1f} minutes, {requests / max(seconds / 60, 1e-9):.1f} requests per minute; "
              f"{hits} tokens hit, {preemptions} preemptions; "
-             f"{incomparable} requests in concurrent batches with a hit not compared"]
+             f"{incomparable} requests in concurrent batches with a hit not compared, {one_token} requests with "
+             "one token left to compute held to their tokens only"]
     for name, values in DIMENSIONS.items():
         missing = {str(v) for v in values} - reached[name]
         lines.append(f"  {name}: {', '.join(sorted(reached[name]))}" + (f" (not reached: {', '.join(sorted(missing))})"
