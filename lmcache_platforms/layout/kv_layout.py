@@ -9,7 +9,7 @@ chunk's MemoryObj (``TransferGroup.index``), so a hit restores all groups or non
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,7 @@ class KVLayout:
         self.chunk_size = chunk_size
         self.mode = mode
         self._by_index = {g.index: g for g in groups}
+        self._whole_chunks = moves_whole_chunks(self.saved_groups, [p for tg in transfer_groups for p in tg.planes])
 
     @classmethod
     def build(
@@ -198,10 +199,9 @@ class KVLayout:
 
     @property
     def whole_chunks_only(self) -> bool:
-        """Only whole chunks may be saved (``saves_whole_chunks`` of the groups chunks carry, or a plane that moves
-        only whole block pages)."""
-        planes = [p for tg in self.transfer_groups for p in tg.planes]
-        return saves_whole_chunks(self.saved_groups) or any(p.pages_only for p in planes)
+        """Only whole chunks may be saved (``moves_whole_chunks`` of what chunks carry; decided once, since every
+        chunk's slots ask)."""
+        return self._whole_chunks
 
     def chunk_slots(
         self, tg: TransferGroup, block_ids_per_group: Sequence[BlockIds], start: int, end: int
@@ -247,6 +247,12 @@ def saves_whole_chunks(carried: Collection[KVGroup]) -> bool:
     return len(carried) > 1 or any(g.kind.whole_chunks_only(g) for g in carried)
 
 
+def moves_whole_chunks(carried: Collection[KVGroup], planes: Iterable[Plane]) -> bool:
+    """``saves_whole_chunks`` of the groups, or a plane that moves only whole block pages (a partial chunk would
+    end inside one)."""
+    return saves_whole_chunks(carried) or any(p.pages_only for p in planes)
+
+
 def _check_pages_only(entries: Sequence[LayerEntry], saved: Collection[int], rows: str) -> None:
     """Planes whose rows are not addressable one by one need block rows."""
     for entry in entries:
@@ -266,8 +272,7 @@ def _in_block_rows(groups: tuple[KVGroup, ...], entries: list[LayerEntry], saved
             if plane.group in saved:
                 members.setdefault(plane.group, []).append(plane)
     by_index = {g.index: g for g in groups}
-    pages_only = any(p.pages_only for planes in members.values() for p in planes)
-    if not (pages_only or saves_whole_chunks([by_index[i] for i in members])):
+    if not moves_whole_chunks([by_index[i] for i in members], (p for ps in members.values() for p in ps)):
         return groups, entries
     replaced: dict[int, KVGroup] = {}
     new_planes: dict[int, list[Plane]] = {}
@@ -300,7 +305,7 @@ def _transfer_groups(
     for plane in sorted(planes, key=lambda p: p.group):
         key = (plane.group,) if mode == "bundled" else (plane.group, plane.geometry)
         buckets.setdefault(key, []).append(plane)
-    whole = saves_whole_chunks({by_index[p.group] for p in planes}) or any(p.pages_only for p in planes)
+    whole = moves_whole_chunks({by_index[p.group] for p in planes}, planes)
     out: list[TransferGroup] = []
     for members in buckets.values():
         group = by_index[members[0].group]

@@ -114,9 +114,10 @@ class WorkerLoads(ImplState):
         """``platforms.poison_loads`` (tests only): the request's blocks past vLLM's own hit are filled with random
         values here, before the step's forward and before the load starts, so that nothing but the load and the
         forward's own writes of new tokens can leave right bytes in them."""
-        binding = self._binding()
-        spec = request.load_spec
-        if not self.settings.poison_loads or binding is None or spec is None:
+        if not self.settings.poison_loads:
+            return
+        binding, spec = self._binding(), request.load_spec
+        if binding is None or spec is None:
             return
         try:
             blocks = request.blocks_not_held(spec.vllm_cached_tokens, spec.lmcache_cached_tokens)
@@ -205,7 +206,6 @@ class WorkerLoads(ImplState):
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
         self._hear_reads(engine)
         binding = self._binding()
-        block_ids = request.blocks_not_held(spec.vllm_cached_tokens, num_tokens)
         bytes_before = binding.counters.bytes_loaded if binding is not None else 0
         chunks_before = binding.counters.chunks_loaded if binding is not None else 0
         groups_before = dict(binding.counters.group_bytes_loaded) if binding is not None else {}
@@ -217,7 +217,7 @@ class WorkerLoads(ImplState):
                 mask,
                 vllm_cached_tokens=spec.vllm_cached_tokens,
                 load_guard=guard,
-                **self._transfer_kwargs(request, block_ids, gate),
+                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens), gate),
             )
         finally:
             if gate is not None:
