@@ -22,11 +22,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
 
 import lmcache_platforms  # noqa: F401 - activation, as vLLM's plugin entry point does
+from lmcache_platforms.tools.demo.engine_pass import HIT_COUNTERS, metric_totals
 from tests.fuzz import plants
 
 MODULE_PATHS = {"LMCacheConnectorV1Dynamic": "lmcache.integration.vllm.lmcache_connector_v1"}
-HIT_METRICS = {"lmcache": "vllm:external_prefix_cache_hits", "vllm": "vllm:prefix_cache_hits",
-               "preemptions": "vllm:num_preemptions"}
+HIT_METRICS = {**HIT_COUNTERS, "preemptions": "vllm:num_preemptions"}
 
 
 def _transfer_config(spec: dict[str, Any]) -> dict[str, Any]:
@@ -36,15 +36,6 @@ def _transfer_config(spec: dict[str, Any]) -> dict[str, Any]:
     if connector in MODULE_PATHS:
         config["kv_connector_module_path"] = MODULE_PATHS[connector]
     return config
-
-
-def _hits(llm: Any) -> dict[str, int]:
-    totals = dict.fromkeys(HIT_METRICS, 0)
-    for metric in llm.get_metrics():
-        for source, name in HIT_METRICS.items():
-            if metric.name == name:
-                totals[source] += int(metric.value)
-    return totals
 
 
 def _answer(output: Any) -> dict[str, Any]:
@@ -68,9 +59,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     hma = not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
     answers: list[dict[str, Any]] = []
     for batch in spec["batches"]:
-        before = _hits(llm)
+        before = metric_totals(llm, HIT_METRICS)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=tokens) for tokens in batch], params, use_tqdm=False)
-        after = _hits(llm)
+        after = metric_totals(llm, HIT_METRICS)
         for output in outputs:
             answers.append(_answer(output))
         answers[-1]["batch_hits"] = {k: after[k] - before[k] for k in after}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,10 +62,10 @@ def _engine(spec: dict[str, Any], folder: Path, name: str, core: int) -> subproc
     (folder / f"{name}.json").write_text(json.dumps(spec))
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "PYTHONHASHSEED": "0",
            "LMCACHE_TRACK_USAGE": "false"}
-    log = open(folder / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.fuzz.engine", str(folder / f"{name}.json"), str(folder / f"{name}.out")],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    with open(folder / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz.engine", str(folder / f"{name}.json"), str(folder / f"{name}.out")],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
 
 
 def _finish(proc: subprocess.Popen[bytes], folder: Path, name: str) -> dict[str, Any] | str:
@@ -155,7 +156,7 @@ def run_case(case: Case, models: dict[str, str]) -> Verdict:
     if problems:
         case.notes.append(f"engine logs in {folder}")
     else:
-        subprocess.run(["rm", "-rf", str(folder)], check=False)
+        shutil.rmtree(folder, ignore_errors=True)
     return Verdict(case, problems, time.perf_counter() - started)
 
 

@@ -70,11 +70,12 @@ def _kv_groups(llm: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _hit_counts(llm: Any) -> dict[str, int]:
-    """Totals so far of prefix-cache hit tokens: from the connector (LMCache) and from vLLM's own cache."""
-    totals = dict.fromkeys(HIT_COUNTERS, 0)
+def metric_totals(llm: Any, counters: dict[str, str] = HIT_COUNTERS) -> dict[str, int]:
+    """Totals so far of an in-process engine's counters (label -> metric name); by default the prefix-cache hit
+    tokens from the connector (LMCache) and from vLLM's own cache."""
+    totals = dict.fromkeys(counters, 0)
     for metric in llm.get_metrics():
-        for source, name in HIT_COUNTERS.items():
+        for source, name in counters.items():
             if metric.name == name:
                 totals[source] += int(metric.value)
     return totals
@@ -103,11 +104,11 @@ def _reset_peak() -> None:
 def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
-    before = _hit_counts(llm)
+    before = metric_totals(llm)
     t0 = time.perf_counter()
     (output,) = llm.generate([TokensPrompt(prompt_token_ids=request["tokens"])], params, use_tqdm=False)
     latency = time.perf_counter() - t0
-    after = _hit_counts(llm)
+    after = metric_totals(llm)
     completion = output.outputs[0]
     stats = output.metrics
     return {
