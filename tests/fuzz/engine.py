@@ -31,7 +31,7 @@ HIT_METRICS = {**HIT_COUNTERS, "preemptions": "vllm:num_preemptions"}
 
 def _transfer_config(spec: dict[str, Any]) -> dict[str, Any]:
     connector = spec["connector"]
-    config: dict[str, Any] = {"kv_connector": connector, "kv_role": "kv_both",
+    config: dict[str, Any] = {"kv_connector": connector, "kv_role": spec.get("role", "kv_both"),
                               "kv_connector_extra_config": dict(spec["extra_config"])}
     if connector in MODULE_PATHS:
         config["kv_connector_module_path"] = MODULE_PATHS[connector]
@@ -44,29 +44,61 @@ def _answer(output: Any) -> dict[str, Any]:
             "logprobs": [sorted([t, lp.logprob] for t, lp in step.items()) for step in completion.logprobs or []]}
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
+def pinned_objects() -> int:
+    """Objects LMCache's CPU tier still holds pinned (for a load that never came): none once every request of
+    the pass has finished, preempted and aborted ones included."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    count = 0
+    for engine in LMCacheEngineBuilder._instances.values():
+        backend = engine.storage_manager.local_cpu_backend if engine.storage_manager else None
+        if backend is not None:
+            with backend.cpu_lock:
+                count += sum(obj.meta.pin_count > 0 for obj in backend.hot_cache.values())
+    return count
+
+
+def serve(engine: Any, number: int, batch: list[list[int]], params: Any, abort_last: bool) -> list[Any]:
+    """The batch's requests added together and stepped to the end; with ``abort_last``, its last request is
+    aborted by its client after the first step (its hit's load then in flight or done); its answer is None."""
     from vllm.inputs import TokensPrompt
 
-    plants.install(spec.get("plant"))
+    ids = [f"{number}-{i}" for i in range(len(batch))]
+    for request_id, tokens in zip(ids, batch, strict=True):
+        engine.add_request(request_id, TokensPrompt(prompt_token_ids=tokens), params)
+    finished: dict[str, Any] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+        steps += 1
+        if abort_last and steps == 1:
+            engine.abort_request([ids[-1]])
+    return [None if abort_last and request_id == ids[-1] else finished[request_id] for request_id in ids]
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    plants.install(spec.get("plant"), engine_up=False)
     engine = dict(spec["engine"])
     llm = LLM(model=spec["model_dir"], skip_tokenizer_init=True, enforce_eager=True, seed=0,
               logprobs_mode="raw_logits", disable_log_stats=False, kv_transfer_config=_transfer_config(spec),
               **engine)
+    plants.install(spec.get("plant"), engine_up=True)
     extra = {"kv_transfer_params": {"lmcache.skip_save": True}} if spec["reference"] else None
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=3,
                             extra_args=extra)
     hma = not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
     answers: list[dict[str, Any]] = []
-    for batch in spec["batches"]:
+    for number, batch in enumerate(spec["batches"]):
         before = metric_totals(llm, HIT_METRICS)
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=tokens) for tokens in batch], params, use_tqdm=False)
+        outputs = serve(llm.llm_engine, number, batch, params, abort_last=number in spec.get("aborted", ()))
         after = metric_totals(llm, HIT_METRICS)
-        for output in outputs:
-            answers.append(_answer(output))
+        answers += [_answer(output) if output else {"tokens": [], "logprobs": []} for output in outputs]
         answers[-1]["batch_hits"] = {k: after[k] - before[k] for k in after}
+    pinned = pinned_objects()
     llm.llm_engine.engine_core.shutdown()
-    return {"hma": hma, "answers": answers}
+    return {"hma": hma, "answers": answers, "pinned": pinned}
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,8 @@
 - ``skip-row``: the first row of every chunk of every group is neither stored nor loaded (slot -1): the block
   keeps whatever it held before the load, right by chance where its previous owner had the same prefix.
 - ``window-off-by-one``: a sliding-window group keeps one row fewer at the start of its window.
+- ``stale-after-preemption``: once vLLM preempts a request, the worker goes on writing into the blocks it held
+  at every later step (as a load still in flight would), after vLLM handed them to other requests.
 """
 
 from __future__ import annotations
@@ -35,9 +37,38 @@ def _window_off_by_one() -> None:
     group_kinds.SlidingWindow.rows = rows  # type: ignore[method-assign]
 
 
-PLANTS = {"skip-row": _skip_first_row, "window-off-by-one": _window_off_by_one}
+def _stale_after_preemption() -> None:
+    import zlib
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from lmcache_platforms.connector.poison import poison_blocks
+    from lmcache_platforms.integration.vllm.worker_loads import WorkerLoads
+
+    held: list[tuple[str, tuple[list[int], ...]]] = []
+    preempt, start = Scheduler._preempt_request, WorkerLoads.start_load_kv
+
+    def preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        held.append((request.request_id, self.kv_cache_manager.get_block_ids(request.request_id)))
+        return preempt(self, request, *args, **kwargs)
+
+    def start_load_kv(self: Any, *args: Any, **kwargs: Any) -> Any:
+        binding = self._binding()
+        for req_id, blocks in held if binding is not None else ():
+            poison_blocks(binding.layout, blocks, seed=zlib.crc32(req_id.encode()))
+        return start(self, *args, **kwargs)
+
+    Scheduler._preempt_request = preempt_request  # type: ignore[method-assign]
+    WorkerLoads.start_load_kv = start_load_kv  # type: ignore[method-assign]
 
 
-def install(name: str | None) -> None:
-    if name:
-        PLANTS[name]()
+# name -> (whether it goes in once the engine is up, the fault): importing vLLM's scheduler before the engine
+# starts changes the order vLLM's CPU platform finds its kernels in, so that plant waits for the engine.
+PLANTS = {"skip-row": (False, _skip_first_row), "window-off-by-one": (False, _window_off_by_one),
+          "stale-after-preemption": (True, _stale_after_preemption)}
+
+
+def install(name: str | None, engine_up: bool) -> None:
+    """Plant ``name`` if it goes in at this point (before the engine starts, or once it is up)."""
+    if name and PLANTS[name][0] == engine_up:
+        PLANTS[name][1]()

@@ -20,13 +20,21 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tests.fuzz.cases import DIMENSIONS, WINDOW, Case, allowed_hits, draw_case
+from lmcache_platforms.tools.demo import runners
+from lmcache_platforms.tools.demo.runners import GroupLeader
+from lmcache_platforms.tools.redis_server import RedisServer
+from tests.fuzz import plants
+from tests.fuzz.cases import DIMENSIONS, RECURRENT, WINDOW, Case, allowed_hits, draw_case
 
 ENGINE_TIMEOUT_S = 900
+# Top-logprob difference (nats) allowed where a request computes in other shapes than the reference's; the
+# largest a clean campaign saw is in docs/architecture.md (Tests), a poisoned row moves them by whole units.
+DRIFT = 0.1
 
 
 @dataclass
@@ -40,15 +48,19 @@ class Verdict:
         return not self.problems
 
 
-def model_dirs(cache: Path | None = None) -> dict[str, str]:
-    """The two random-weight models: a Gemma-3-style hybrid (4 of 6 layers slide over ``WINDOW`` tokens) and a
-    dense one of the same shape."""
-    from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+def model_dirs(cache: Path | None = None, names: tuple[str, ...] = tuple(DIMENSIONS["model"])) -> dict[str, str]:
+    """The random-weight models by name, written once: a Gemma-3-style hybrid (4 of 6 layers slide over
+    ``WINDOW`` tokens), a dense one of the same shape, and the recurrent hybrids of the recurrent tests."""
+    from lmcache_platforms.tools.demo.model import TINY_MODEL, default_cache_dir, ensure_model
+    from tests.integration.recurrent_model import ensure_tiny
 
     hybrid = replace(TINY_MODEL, name=f"fuzz-gemma-6L-w{WINDOW}", num_layers=6, sliding_window=WINDOW,
                      full_attention_every=3, max_model_len=2048)
-    dense = replace(hybrid, name="fuzz-gemma-6L-dense", full_attention_every=1)
-    return {"hybrid": str(ensure_model(hybrid, cache)), "dense": str(ensure_model(dense, cache))}
+    made = {"hybrid": lambda: ensure_model(hybrid, cache),
+            "dense": lambda: ensure_model(replace(hybrid, name="fuzz-gemma-6L-dense", full_attention_every=1), cache)}
+    for name in RECURRENT:
+        made[name] = lambda name=name: ensure_tiny(name, (cache or default_cache_dir()) / f"fuzz-{name}")
+    return {name: str(made[name]()) for name in names}
 
 
 def pages_only() -> bool:
@@ -58,21 +70,21 @@ def pages_only() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
-def _engine(spec: dict[str, Any], folder: Path, name: str, core: int) -> subprocess.Popen[bytes]:
+def _engine(spec: dict[str, Any], folder: Path, name: str, core: int) -> GroupLeader:
+    """An engine pass on ``core`` with one thread, started as the tools start theirs (under the test suite: a
+    child of a fork server that imported vLLM once)."""
     (folder / f"{name}.json").write_text(json.dumps(spec))
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "PYTHONHASHSEED": "0",
            "LMCACHE_TRACK_USAGE": "false"}
-    with open(folder / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.fuzz.engine", str(folder / f"{name}.json"), str(folder / f"{name}.out")],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    command = [sys.executable, "-m", "tests.fuzz.engine", str(folder / f"{name}.json"), str(folder / f"{name}.out")]
+    return runners.launch(command, env, folder / f"{name}.log", runners.Resources((core,)))
 
 
-def _finish(proc: subprocess.Popen[bytes], folder: Path, name: str) -> dict[str, Any] | str:
+def _finish(proc: GroupLeader, folder: Path, name: str) -> dict[str, Any] | str:
     try:
         rc = proc.wait(ENGINE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        runners.kill_group(proc)
         return f"{name} engine timed out after {ENGINE_TIMEOUT_S} s"
     out = folder / f"{name}.out"
     if rc != 0 or not out.exists():
@@ -81,78 +93,142 @@ def _finish(proc: subprocess.Popen[bytes], folder: Path, name: str) -> dict[str,
     return json.loads(out.read_text())
 
 
-def compare(case: Case, reference: dict[str, Any], run: dict[str, Any]) -> list[str]:
-    """Every difference between the two passes and every hit the stored chunks do not allow."""
+def _first_difference(ref: dict[str, Any], got: dict[str, Any]) -> str | None:
+    """Where two answers part: their greedy tokens, else their top logprobs (bit for bit)."""
+    if ref["tokens"] != got["tokens"]:
+        step = next(i for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b)
+        return f"token {step} differs"
+    if ref["logprobs"] != got["logprobs"]:
+        step = next(i for i, (a, b) in enumerate(zip(ref["logprobs"], got["logprobs"], strict=True)) if a != b)
+        return f"top logprobs differ from token {step}"
+    return None
+
+
+def _drift(ref: dict[str, Any], got: dict[str, Any]) -> tuple[float, str | None]:
+    """The largest top-logprob difference up to the first token the two answers choose differently, and a
+    problem if it exceeds ``DRIFT`` or the tokens part where the reference's choice was not a near tie."""
+    worst = 0.0
+    for step, (want, have, a, b) in enumerate(zip(ref["tokens"], got["tokens"], ref["logprobs"], got["logprobs"],
+                                                  strict=True)):
+        theirs, ours = dict(map(tuple, a)), dict(map(tuple, b))
+        for token in theirs.keys() & ours.keys():
+            worst = max(worst, abs(theirs[token] - ours[token]))
+        if worst > DRIFT:
+            return worst, f"top logprobs drift {worst:.3f} by token {step}"
+        if want != have:
+            gap = theirs[want] - theirs.get(have, float("-inf"))
+            return worst, None if gap <= DRIFT else f"token {step} differs ({gap:.3f} from a tie)"
+    return worst, None
+
+
+def compare(case: Case, reference: dict[str, Any], run: dict[str, Any], prestored: bool = False) -> list[str]:
+    """Every difference between the two passes and every hit the stored chunks do not allow.
+
+    A request computed in the same shapes as the reference's must match it bit for bit. Two kinds cannot: a
+    batch of several requests with a hit (a load changes how many tokens the step computes, and vLLM's CPU
+    kernels round a batch of another shape otherwise), and a hit that leaves one token to compute (vLLM's CPU
+    attention then takes its one-query path, which rounds otherwise than a prefill: vLLM's own prefix cache
+    differs from a cold run there too). Those are held to ``DRIFT``: a stale or poisoned row moves logprobs
+    by far more.
+    """
     problems = []
     expect_hma = case.settings["hma"]
     if run["hma"] != expect_hma:
         problems.append(f"vLLM's hybrid manager is {'on' if run['hma'] else 'off'}, expected the opposite")
-    allowed = allowed_hits(case)
-    exact = case.settings["tier"] == "cpu" and not case.settings["prefix_caching"]
+    if run.get("pinned"):
+        problems.append(f"{run['pinned']} objects still pinned in LMCache's CPU tier after the pass")
+    allowed = allowed_hits(case, prestored)
+    exact = case.settings["tier"] == "cpu" and not case.settings["prefix_caching"] and not case.recurrent
     index = 0
     for number, batch in enumerate(case.batches):
         counts = run["answers"][index + len(batch) - 1]["batch_hits"]
         hit = counts["lmcache"]
         case.hit_tokens += hit
         case.preemptions += counts.get("preemptions", 0)
-        if len(batch) > 1 and hit:
-            # A load changes how many tokens the step computes, and vLLM's CPU kernels round a batch of another
-            # shape differently: only single requests, or batches without a hit, compare with the reference.
-            case.incomparable += len(batch)
-            index += len(batch)
-            continue
         one_token = len(batch) == 1 and hit + counts["vllm"] == len(batch[0]) - 1
+        shaped_otherwise = (len(batch) > 1 and hit > 0) or one_token
         case.one_token += one_token
-        for _ in batch:
+        case.incomparable += len(batch) if len(batch) > 1 and hit else 0
+        for position in range(len(batch)):
             ref, got = reference["answers"][index], run["answers"][index]
-            if ref["tokens"] != got["tokens"]:
-                step = next(i for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b)
-                problems.append(f"request {index} (batch {number}): token {step} differs")
-            elif ref["logprobs"] != got["logprobs"] and not one_token:
-                # A hit that leaves one token to compute runs vLLM's CPU attention on its one-query path, which
-                # rounds otherwise than a whole prefill: vLLM's own prefix cache differs from a cold run there
-                # too. Such a request is held to its greedy tokens.
-                step = next(i for i, (a, b) in enumerate(zip(ref["logprobs"], got["logprobs"], strict=True))
-                            if a != b)
-                problems.append(f"request {index} (batch {number}): top logprobs differ from token {step}")
             index += 1
-        budget = [allowed[i] for i in range(index - len(batch), index)]
-        if None not in budget:
-            if hit > sum(budget):  # type: ignore[arg-type]
-                problems.append(f"batch {number}: LMCache hit {hit} tokens, the stored chunks allow {budget}")
-            elif exact and hit != sum(budget):  # type: ignore[arg-type]
-                problems.append(f"batch {number}: LMCache hit {hit} tokens, the stored chunks hold {budget}")
+            if number in case.aborted and position == len(batch) - 1:
+                continue  # aborted by its client on both sides: no answer
+            if shaped_otherwise:
+                drift, problem = _drift(ref, got)
+                case.drift = max(case.drift, drift)
+            else:
+                problem = _first_difference(ref, got)
+            if problem:
+                problems.append(f"request {index - 1} (batch {number}): {problem}")
+        spans = allowed[index - len(batch):index]
+        if None not in spans:
+            low, high = (sum(ends) for ends in zip(*spans, strict=True))  # type: ignore[misc]
+            if hit > high:
+                problems.append(f"batch {number}: LMCache hit {hit} tokens, the stored chunks allow {high}")
+            elif exact and not prestored and hit < low:
+                problems.append(f"batch {number}: LMCache hit {hit} tokens, the stored chunks hold {low}")
         if reference["answers"][index - 1]["batch_hits"]["lmcache"]:
             problems.append(f"batch {number}: the reference, which stored nothing, hit LMCache")
     return problems
 
 
-def run_passes(cases: list[Case], model_dir: str) -> tuple[dict[str, Any] | str, list[dict[str, Any] | str], Path]:
-    """The reference pass of ``cases[0]`` (all cases share its settings and workload) and each case's pass, two
-    engines at a time, each on a core of its own."""
+Result = dict[str, Any] | str  # an engine pass's answers, or why it has none
+
+
+def run_passes(cases: list[Case], model_dir: str) -> tuple[Result, list[dict[str, Result]], Path]:
+    """The reference pass of ``cases[0]`` (all cases share its settings and workload) and each case's passes
+    (``case``, or ``producer`` then ``consumer`` on one store), two engines at a time, each on a core of its own;
+    every pass group on the Redis tier gets a Redis server of its own."""
     folder = Path(tempfile.mkdtemp(prefix=f"fuzz-{cases[0].seed}-"))
-    jobs = [("reference", cases[0].spec(model_dir, True, str(folder / "reference")))]
-    jobs += [(f"case{i}", c.spec(model_dir, False, str(folder / f"case{i}"))) for i, c in enumerate(cases)]
-    results: dict[str, dict[str, Any] | str] = {}
-    for start in range(0, len(jobs), 2):
-        running = []
-        for core, (name, spec) in enumerate(jobs[start:start + 2]):
-            (folder / name).mkdir()
-            running.append((name, _engine(spec, folder / name, name, core)))
-        for name, proc in running:
-            results[name] = _finish(proc, folder / name, name)
-    return results["reference"], [results[f"case{i}"] for i in range(len(cases))], folder
+    with ExitStack() as servers:
+        def store(name: str) -> str | None:
+            if cases[0].settings["tier"] != "redis":
+                return None
+            (folder / f"{name}-redis").mkdir()
+            return servers.enter_context(RedisServer(str(folder / f"{name}-redis"))).url
+
+        first = [("reference", cases[0].spec(model_dir, True, str(folder / "reference"),
+                                             redis_url=store("reference")))]
+        second = []
+        for i, case in enumerate(cases):
+            url, workdir = store(f"case{i}"), str(folder / f"case{i}")
+            if case.settings["roles"] == "split":
+                first.append((f"case{i}.producer", case.spec(model_dir, False, workdir, "kv_producer", url)))
+                second.append((f"case{i}.consumer", case.spec(model_dir, False, workdir, "kv_consumer", url)))
+            else:
+                first.append((f"case{i}.case", case.spec(model_dir, False, workdir, redis_url=url)))
+        results: dict[str, Result] = {}
+        for jobs in (first, second):
+            for start in range(0, len(jobs), 2):
+                running = []
+                for core, (name, spec) in enumerate(jobs[start:start + 2]):
+                    (folder / name).mkdir()
+                    running.append((name, _engine(spec, folder / name, name, core)))
+                for name, proc in running:
+                    results[name] = _finish(proc, folder / name, name)
+    passes = [{k.split(".", 1)[1]: v for k, v in results.items() if k.startswith(f"case{i}.")}
+              for i in range(len(cases))]
+    return results["reference"], passes, folder
 
 
-def judge(case: Case, reference: dict[str, Any] | str, result: dict[str, Any] | str) -> list[str]:
-    failed = [r for r in (reference, result) if isinstance(r, str)]
-    return failed or compare(case, reference, result)  # type: ignore[arg-type]
+def judge(case: Case, reference: Result, passes: dict[str, Result]) -> list[str]:
+    """Each pass of the case against the reference: a consumer may hit every chunk its producer stored."""
+    failed = [f"{name}: {r}" if name != "case" else r for name, r in [("reference", reference), *passes.items()]
+              if isinstance(r, str)]
+    if failed:
+        return failed
+    problems = []
+    for name, result in passes.items():
+        found = compare(case, reference, result, prestored=name == "consumer")  # type: ignore[arg-type]
+        problems += found if name == "case" else [f"{name}: {p}" for p in found]
+    return problems
 
 
 def run_case(case: Case, models: dict[str, str]) -> Verdict:
     started = time.perf_counter()
-    reference, (result,), folder = run_passes([case], models[case.settings["model"]])
-    problems = judge(case, reference, result)
+    reference, (passes,), folder = run_passes([case], models[case.settings["model"]])
+    problems = judge(case, reference, passes)
     if problems:
         case.notes.append(f"engine logs in {folder}")
     else:
@@ -184,7 +260,7 @@ def fuzz(seeds: list[int], requests_per_case: int, stop: Callable[[int, float], 
         verdicts.append(verdict)
         status = "ok" if verdict.ok else "FAIL"
         say(f"seed {seed}: {status} {case.requests} requests ({case.hit_tokens} tokens hit, "
-            f"{case.preemptions} preemptions) in "
+            f"{case.preemptions} preemptions, drift {case.drift:.4f}) in "
             f"{verdict.seconds:.0f} s {json.dumps(case.settings)}")
         for problem in verdict.problems:
             say(f"    {problem}")
@@ -200,6 +276,7 @@ def summary(verdicts: list[Verdict], seconds: float) -> str:
     incomparable = sum(v.case.incomparable for v in verdicts)
     hits = sum(v.case.hit_tokens for v in verdicts)
     one_token = sum(v.case.one_token for v in verdicts)
+    drift = max((v.case.drift for v in verdicts), default=0.0)
     preemptions = sum(v.case.preemptions for v in verdicts)
     reached: dict[str, set[str]] = defaultdict(set)
     for v in verdicts:
@@ -208,8 +285,8 @@ def summary(verdicts: list[Verdict], seconds: float) -> str:
     lines = [f"{len(verdicts)} cases, {requests} requests, {sum(not v.ok for v in verdicts)} failed, "
              f"{seconds / 60:.1f} minutes, {requests / max(seconds / 60, 1e-9):.1f} requests per minute; "
              f"{hits} tokens hit, {preemptions} preemptions; "
-             f"{incomparable} requests in concurrent batches with a hit not compared, {one_token} requests with "
-             "one token left to compute held to their tokens only"]
+             f"{incomparable} requests in concurrent batches with a hit and {one_token} with one token left to "
+             f"compute held to a drift of {DRIFT} (largest seen {drift:.4f})"]
     for name, values in DIMENSIONS.items():
         missing = {str(v) for v in values} - reached[name]
         lines.append(f"  {name}: {', '.join(sorted(reached[name]))}" + (f" (not reached: {', '.join(sorted(missing))})"
@@ -234,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None, help="stop starting cases after this long")
     parser.add_argument("--requests", type=int, default=None, help="stop once this many requests were served")
     parser.add_argument("--requests-per-case", type=int, default=12)
-    parser.add_argument("--plant", choices=["skip-row", "window-off-by-one"], default=None,
+    parser.add_argument("--plant", choices=sorted(plants.PLANTS), default=None,
                         help="a fault to plant (negative control: the fuzzer must fail)")
     parser.add_argument("--no-poison", action="store_true", help="leave the blocks a load fills as they were")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
