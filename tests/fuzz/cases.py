@@ -117,6 +117,9 @@ class Case:
         return {"model_dir": model_dir, "connector": s["connector"], "role": role, "extra_config": extra,
                 "engine": engine, "reference": reference, "max_tokens": MAX_TOKENS, "batches": self.batches,
                 "aborted": self.aborted,
+                # Align mode needs vLLM's prefix cache on; forgotten after each batch, the next batch's hits
+                # come from LMCache, as in a fresh server.
+                "forget": self.recurrent,
                 "plant": None if reference else self.plant}
 
 

@@ -96,6 +96,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         after = metric_totals(llm, HIT_METRICS)
         answers += [_answer(output) if output else {"tokens": [], "logprobs": []} for output in outputs]
         answers[-1]["batch_hits"] = {k: after[k] - before[k] for k in after}
+        if spec.get("forget"):
+            llm.reset_prefix_cache()
     pinned = pinned_objects()
     llm.llm_engine.engine_core.shutdown()
     return {"hma": hma, "answers": answers, "pinned": pinned}
