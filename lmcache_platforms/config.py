@@ -25,7 +25,8 @@ SETTINGS_PREFIX = "platforms."
 
 @dataclass(frozen=True)
 class Setting:
-    """One documented switch: its ``extra_config`` key, environment variable and default."""
+    """One documented switch: its ``extra_config`` key, environment variable, default and meaning (``doc``, Markdown:
+    docs/configuration.md is generated from these declarations by scripts/config_docs.py)."""
 
     key: str
     env: str
@@ -35,43 +36,70 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("platforms.mode", "LMCACHE_PLATFORMS_MODE", "bundled",
-            "bundled: one kernel launch per KV group; exploded: one per (group, plane geometry)"),
+            "`bundled`: one kernel launch per KV-cache group per chunk; `exploded`: one per (group, plane "
+            "geometry)"),
     Setting("platforms.kernel_backend", "LMCACHE_PLATFORMS_KERNEL_BACKEND", "auto",
-            "auto (fastest available), or one of torch, cpu, triton, ascend"),
+            "`auto` (the fastest available for the device), or one of `torch`, `cpu`, `triton`, `ascend`"),
     Setting("platforms.state_markers", "LMCACHE_PLATFORMS_STATE_MARKERS", "State",
-            "comma list: a KV-cache spec whose class name contains one of these is a state group"),
+            "comma list: a group whose KV-cache spec class name contains one of these is a state group, not saved"),
     Setting("platforms.save_groups", "LMCACHE_PLATFORMS_SAVE_GROUPS", "",
             "comma list of spec class names or group indices always saved, even if they look like state"),
     Setting("platforms.skip_groups", "LMCACHE_PLATFORMS_SKIP_GROUPS", "",
             "comma list of spec class names or group indices never saved"),
     Setting("platforms.load_mode", "LMCACHE_PLATFORMS_LOAD_MODE", "sync",
-            "sync: the engine step waits for a hit's load; async: the step goes on while the request waits"),
+            "`sync`: the engine step waits for a hit's load (faster for requests that arrive one by one); "
+            "`async`: the step goes on and other requests run while the load is in flight (see "
+            "[reliability](reliability.md#load-modes))"),
     Setting("platforms.load_timeout_s", "LMCACHE_PLATFORMS_LOAD_TIMEOUT_S", 10.0,
-            "a load still running after this many seconds is reported failed (0: never)"),
+            "a load still running after this many seconds is reported failed and its late writes are refused; "
+            "`0` waits for ever"),
     Setting("platforms.remote_lookup_timeout_s", "LMCACHE_PLATFORMS_REMOTE_LOOKUP_TIMEOUT_S", 1.0,
-            "a remote store's answer to a lookup is waited for this long, then counts as a miss (0: for ever)"),
+            "a remote store's answer to \"do you hold this chunk?\" is waited for this long, then the chunk counts "
+            "as a miss; keep it below LMCache's `lookup_timeout_ms` (3 s), after which the scheduler stops waiting "
+            "anyway; `0` waits for ever (see [reliability](reliability.md#stuck-remote-store))"),
     Setting("platforms.remote_connect_timeout_s", "LMCACHE_PLATFORMS_REMOTE_CONNECT_TIMEOUT_S", 2.5,
-            "until the remote store has answered one lookup on its connection (the client connects, a cluster "
-            "client discovers its slots), a lookup is waited for this long instead (never less than the above)"),
+            "the first lookup on a remote store's connection (at start, and after LMCache re-creates a lost one) "
+            "is waited for this long instead, since it pays for connecting (a Redis Cluster client discovers its "
+            "slots then); never less than `platforms.remote_lookup_timeout_s`; keep it below `lookup_timeout_ms` "
+            "too"),
     Setting("platforms.remote_retry_s", "LMCACHE_PLATFORMS_REMOTE_RETRY_S", 30.0,
-            "after a remote lookup timed out, lookups skip the remote store (misses) until it answers, then for "
-            "twice its lateness (doubling with each time-out in a row), never longer than this"),
+            "after a remote lookup timed out, lookups count the remote store's chunks as misses until its late "
+            "answer arrives, then for twice its lateness (four times after a second time-out in a row, and so on), "
+            "never longer than this after the time-out; the next lookup then asks it again"),
     Setting("platforms.drain_timeout_s", "LMCACHE_PLATFORMS_DRAIN_TIMEOUT_S", 30.0,
-            "at shutdown, chunk writes still in flight to disk or remote stores are waited for this long"),
+            "at shutdown, chunk writes still in flight to LMCache's disk or remote store are waited for this long; "
+            "what is left will miss"),
     Setting("platforms.remote_close_timeout_s", "LMCACHE_PLATFORMS_REMOTE_CLOSE_TIMEOUT_S", 5.0,
-            "at shutdown, closing the remote store's connection is waited for this long (0: for ever)"),
+            "at shutdown, closing the remote store's connection is waited for this long, then the engine goes on "
+            "closing without it; `0` waits for ever"),
     Setting("platforms.chunk_parts", "LMCACHE_PLATFORMS_CHUNK_PARTS", "window",
-            "window: window and snapshot groups get their own object per chunk, so a load reads only the chunks "
-            "their window needs; whole: one object per chunk"),
+            "`window`: a model with sliding-window or snapshot groups beside full attention stores each chunk as "
+            "one LMCache object per part (full attention; each window; snapshots) under part-tagged keys, and a "
+            "load reads a window part only for the chunks its window needs (the demo model's warm load: 2.7x fewer "
+            "bytes, same stored bytes); a hit still needs every part it reads. `whole`: one object per chunk (also "
+            "used, with a log line saying why, when LMCache's `enable_async_loading` is on or a remote store keeps "
+            "no per-object metadata, e.g. `save_chunk_meta: false`). Changing it changes the keys: chunks stored "
+            "under the other setting miss"),
     Setting("platforms.chunk_rows", "LMCACHE_PLATFORMS_CHUNK_ROWS", "blocks",
-            "blocks: where chunks are saved whole and cover whole blocks, a chunk holds each block's page as one "
-            "row (one copy per page); tokens: one row per token, as LMCache does"),
+            "`blocks`: where chunks are saved whole (several saved groups, or a snapshot group), a group whose "
+            "blocks a chunk covers whole (chunk size, and window if any, multiples of its block tokens) is moved "
+            "one block row per block: each plane's page of the block as one row, a layer's planes merged where "
+            "they tile its page (vLLM's CPU cache: one 64 KiB copy per layer and block instead of 2,048 short "
+            "pieces); same bytes per chunk in another order. `tokens`: one row per token (or compressed row) "
+            "everywhere, as LMCache does. Changing it changes the keys: chunks stored under the other setting "
+            "miss"),
     Setting("platforms.poison_loads", "LMCACHE_PLATFORMS_POISON_LOADS", False,
-            "TEST ONLY, off by default: before a load writes a request's blocks, fill every row of them with "
-            "random finite values, so a row the load should write and does not changes the answer"),
+            "**tests only**: before a load writes a request's blocks, every row of them (every group, layer and "
+            "plane the connector moves) is filled with random finite values, so a row the load should write and "
+            "does not changes the answer instead of keeping its previous owner's bytes; costs a write of the "
+            "blocks per load. The suite and the fuzzer (`make fuzz`) run with it on"),
     Setting("platforms.model_revision", "LMCACHE_PLATFORMS_MODEL_REVISION", "",
-            "names the weights in every chunk key instead of their files' size and mtime: servers given the same "
-            "value must hold the same weights"),
+            "every chunk key carries the model's identity: a hash of its config as vLLM sees it and of its "
+            "weights, identified without reading them (a file in the Hugging Face cache by its blob's content "
+            "hash, any other by its size and modification time: a copy that did not keep the times shares "
+            "nothing). This setting, when given, names the weights instead of their files (e.g. a checkpoint's "
+            "hash): servers given the same value share chunks, so it must change whenever the weights do. The "
+            "engine's start-up log line shows the identity"),
 )
 
 

@@ -1,6 +1,6 @@
-"""Our settings as the README documents them: every key and variable in its Configuration table, the order in
-which the three sources win (vLLM's kv_connector_extra_config, then the environment, then extra_config), and a
-bad ``platforms.mode`` refused from any of them."""
+"""Our settings as docs/configuration.md documents them: every key, variable and default in its settings table, the
+order in which the three sources win (vLLM's kv_connector_extra_config, then the environment, then extra_config),
+and a bad ``platforms.mode`` refused from any of them."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ import pytest
 
 from lmcache_platforms.config import SETTINGS, PlatformSettings, connector_settings
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
-def _readme_settings_table() -> dict[str, tuple[str, str]]:
-    """``extra_config`` key -> (environment variable, default) from the README's Configuration table."""
-    rows = re.findall(r"^\| `(platforms\.[a-z_]+)` \| `([A-Z_]+)` \| ([^|]+) \|", README.read_text(), re.M)
+def _documented_settings_table() -> dict[str, tuple[str, str]]:
+    """``extra_config`` key -> (environment variable, default) from docs/configuration.md's settings table."""
+    rows = re.findall(r"^\| `(platforms\.[a-z_]+)` \| `([A-Z_]+)` \| ([^|]+) \|", CONFIGURATION.read_text(), re.M)
     return {key: (env, default.strip().strip("`")) for key, env, default in rows}
 
 
-def test_readme_table_lists_every_setting_with_its_variable_and_default() -> None:
-    documented = _readme_settings_table()
-    declared = {s.key: (s.env, str(s.default) if s.default != "" else "empty") for s in SETTINGS}
+def test_the_configuration_page_lists_every_setting_with_its_variable_and_default() -> None:
+    documented = _documented_settings_table()
+    declared = {s.key: (s.env, "empty" if s.default == "" else str(s.default).lower() if isinstance(s.default, bool)
+                        else str(s.default)) for s in SETTINGS}
     assert documented == declared
 
 

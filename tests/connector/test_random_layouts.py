@@ -10,7 +10,7 @@ tables hold null blocks both where vLLM frees a sliding window's prefix and at r
 owns are passed as 0 too). The selftest oracle then demands that every row a stored chunk holds comes back
 at its new slot, that no other row of any plane was written, and that LMCache hits exactly the tokens that
 were stored (only whole chunks when several groups are saved). Because that oracle computes slots with
-the connector's own code, a second check uses a brute-force model of the README's rules (row -> block id
+the connector's own code, a second check uses a brute-force model of docs/layouts.md's rules (row -> block id
 -> slot, window tails, whole chunks, state groups skipped) on the raw allocations: each row is at its new
 slot with its old bytes, and no other byte (padding, gaps) of any allocation was written.
 """
@@ -69,7 +69,7 @@ def with_extra_nulls(request: roundtrip.Request, nulls: list[list[bool]]) -> rou
 
 
 def model_rows(spec: LayoutSpec, num_tokens: int, block_rows: Collection[int] = ()) -> dict[int, list[int]]:
-    """Per saved group, the rows LMCache must hand back, by the README's rules alone: state groups are not
+    """Per saved group, the rows LMCache must hand back, by docs/layouts.md's rules alone: state groups are not
     saved unless they are snapshot groups; with several saved groups or a snapshot group only whole chunks
     are; a row belongs to the chunk holding its first token; a sliding-window group keeps the rows holding a
     token within the window before the chunk's end; a snapshot group keeps the snapshot taken at

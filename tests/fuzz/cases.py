@@ -1,4 +1,4 @@
-"""A fuzz case from a seed: settings drawn from every dimension the README claims, and a workload that goes
+"""A fuzz case from a seed: settings drawn from every dimension docs/support-matrix.md claims, and a workload that goes
 looking for stale rows (prompt lengths at and around chunk, block and window boundaries, shared prefixes and
 branches, prompts that come back after others reused their blocks, concurrent batches).
 

@@ -2,7 +2,7 @@
 
 Each has 3 recurrent layers (vLLM ``MambaSpec`` groups) and 1 full-attention layer, hidden 256, vocab 2,048, bf16,
 seed 0; ``initializer_range`` 0.1 keeps greedy output varied. Only models vLLM 0.32's CPU build runs in align mode
-are here; the README's feature table says which it refuses and why (Qwen3.5, Mamba2 and Mamba1 hybrids, OLMo-Hybrid).
+are here; docs/support-matrix.md says which it refuses and why (Qwen3.5, Mamba2 and Mamba1 hybrids, OLMo-Hybrid).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 roll-back, the load's ``blocks_not_held``) against a brute-force model of which chunks may and must be saved
 and which blocks a load may write, over random groups, block tables and schedules.
 
-The model is written from the README and docs/architecture.md, not from the code:
+The model is written from the docs (layouts, configuration, architecture), not from the code:
 - a chunk carries, per saved group, the rows whose first token lies in it; a sliding-window group only those
   holding a token at or after ``chunk end - window``; a row lives in block ``table[row // block_size]``;
 - a chunk may be saved only if every such row is in a real block (not vLLM's null block 0, not a block vLLM
@@ -69,7 +69,7 @@ def tokens_per_block(group: KVGroup) -> int:
 
 
 def is_saved_group(group: KVGroup) -> bool:
-    """README: state groups (flag, or a spec name containing ``State``) are not saved by default."""
+    """docs/layouts.md: state groups (flag, or a spec name containing ``State``) are not saved by default."""
     return not (group.is_state or "State" in group.spec_name)
 
 

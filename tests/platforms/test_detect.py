@@ -1,4 +1,4 @@
-"""``LMCACHE_PLATFORMS_DEVICE`` as the README documents it: it forces the platform instead of detection, and a
+"""``LMCACHE_PLATFORMS_DEVICE`` as docs/configuration.md says: it forces the platform instead of detection, and a
 name that is unknown or unusable here is refused, in detection and then by activation (and ``doctor``)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The stuck store is the one thing here that is not real: a loopback TCP server, w
 and then reads nothing and answers nothing. Everything else is LMCache's Redis remote backend as configured by
 users (``remote_url: redis://...``), behind a real engine or a real ``vllm serve``.
 
-Where a stuck store blocks, and what bounds it (see README, Stuck remote store):
+Where a stuck store blocks, and what bounds it (see docs/reliability.md, Stuck remote store):
   - lookup (does the store hold this chunk?): upstream waits without a limit; ours at most
     ``platforms.remote_connect_timeout_s`` for the first one on a connection and
     ``platforms.remote_lookup_timeout_s`` after it, then skips the store until the late answer and for a time in

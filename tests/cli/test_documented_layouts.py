@@ -1,7 +1,7 @@
-"""The README's layout claims, read from the README itself: its layout-file example parses, plans as it
-describes and round-trips bit for bit; the shipped example names it lists exist; and the launches per chunk
-in its Measured table are what the plan says and what our connector really makes through a real LMCacheEngine
-(deepseek-v4: three, one per saved group)."""
+"""The docs' layout claims, read from the docs themselves: docs/layouts.md's layout-file example parses, plans as it
+describes and round-trips bit for bit; the shipped example names it lists exist; and the launches per chunk in
+the benchmarks' CPU kernel table (docs/bench/kernels.json) are what the plan says and what our connector really
+makes through a real LMCacheEngine (deepseek-v4: three, one per saved group)."""
 
 from __future__ import annotations
 
@@ -17,35 +17,32 @@ from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
 from lmcache_platforms.tools.fixtures import materialize, plan
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+LAYOUTS = REPO / "docs" / "layouts.md"
+KERNEL_BENCH = REPO / "docs" / "bench" / "kernels.json"
 
 
-def section(title: str) -> str:
-    """The README text under ``## title``, up to the next second-level heading."""
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
-
-
-def readme_layout_file() -> str:
-    (block,) = re.findall(r"```json\n(.*?)```", section("Layout files"), re.S)
+def documented_layout_file() -> str:
+    (block,) = re.findall(r"```json\n(.*?)```", LAYOUTS.read_text(), re.S)
     return block
 
 
-def readme_launches_per_chunk() -> dict[str, int]:
-    """Layout name -> launches/chunk, from the first table under ``## Measured``."""
-    rows = re.findall(r"^\| `([a-z0-9-]+)` .*\| (\d+)(?: \([^)]*\))? \|$", section("Measured"), re.M)
-    return {name: int(launches) for name, launches in rows}
+def documented_launches_per_chunk() -> dict[str, int]:
+    """Layout name -> launches/chunk, from the rows of the CPU kernel record that name a shipped layout."""
+    (record,) = [r for r in json.loads(KERNEL_BENCH.read_text())["records"] if r["id"] == "cpu-kernels"]
+    columns = record["table"]["columns"]
+    assert columns[0] == "layout" and columns[-1] == "launches/chunk"
+    rows = [(re.match(r"`([a-z0-9-]+)` ", row[0]), row[-1]) for row in record["table"]["rows"]]
+    return {name.group(1): int(launches.split()[0]) for name, launches in rows if name}
 
 
 def last_json(capsys) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def test_readme_layout_example_parses_and_plans_as_described(tmp_path, capsys) -> None:
-    path = tmp_path / "readme-layout.json"
-    path.write_text(readme_layout_file())
+def test_documented_layout_example_parses_and_plans_as_described(tmp_path, capsys) -> None:
+    path = tmp_path / "documented-layout.json"
+    path.write_text(documented_layout_file())
     assert main(["plan", "--layout", str(path), "--json"]) == 0
     summary = last_json(capsys)
     assert (summary["layout"], summary["mode"], summary["chunk_size"]) == ("gemma3-like", "bundled", 64)
@@ -58,24 +55,24 @@ def test_readme_layout_example_parses_and_plans_as_described(tmp_path, capsys) -
     assert summary["skipped_planes"] == 0
 
 
-def test_readme_layout_example_round_trips_through_a_real_engine(tmp_path, capsys) -> None:
-    path = tmp_path / "readme-layout.json"
-    path.write_text(readme_layout_file())
+def test_documented_layout_example_round_trips_through_a_real_engine(tmp_path, capsys) -> None:
+    path = tmp_path / "documented-layout.json"
+    path.write_text(documented_layout_file())
     assert main(["selftest", "--layout", str(path), "--json"]) == 0
     result = last_json(capsys)
     assert result["bit_exact"] is True and result["rows_checked"] > 0
     assert result["chunks_stored"] == result["chunks_hit"] == 300 // 64  # whole chunks only: two groups
 
 
-def test_readme_lists_exactly_the_shipped_examples() -> None:
-    text = README.read_text()
+def test_layouts_page_lists_exactly_the_shipped_examples() -> None:
+    text = LAYOUTS.read_text()
     listed = re.search(r"the name of a shipped example: (.*?) \(in `lmcache_platforms/examples/`\)", text, re.S)
     assert listed is not None
     assert sorted(re.findall(r"`([a-z0-9-]+)`", listed.group(1))) == example_names()
 
 
 def test_measured_table_launches_per_chunk_are_the_plans() -> None:
-    documented = readme_launches_per_chunk()
+    documented = documented_launches_per_chunk()
     assert set(documented) == {"llama8b", "deepseek-v4"}
     assert {name: plan(load_layout_spec(name), "bundled").launches_per_chunk for name in documented} == documented
 
@@ -96,4 +93,4 @@ def test_deepseek_v4_moves_each_chunk_in_one_launch_per_saved_group() -> None:
         assert counters.chunks_stored == 2 and counters.launches == 2 * len(saved)
         assert engine.retrieve(request.tokens, request.load_ids) == 2 * spec.chunk_size
         assert counters.chunks_loaded == 2 and counters.launches == 4 * len(saved)
-    assert readme_launches_per_chunk()["deepseek-v4"] == len(saved)
+    assert documented_launches_per_chunk()["deepseek-v4"] == len(saved)
