@@ -1,0 +1,252 @@
+"""The files of ``examples/`` do what their comments say.
+
+- Every LMCache yaml is read by LMCache's own config loader and by our settings without a single warning (a key
+  either does not know is a warning or an error there), and its header's ``vllm serve`` line is a command vLLM
+  accepts: our connector, the role the file is for, ``kv_load_failure_policy: recompute``, a fixed
+  ``PYTHONHASHSEED`` and ``LMCACHE_CONFIG_FILE`` naming the file itself.
+- The Redis yaml serves: a real ``vllm serve`` of its header's line (MODEL the tiny local model, the yaml's Redis
+  port a private ``redis-server``'s) stores, and a fresh one loads every whole chunk; the prefill/decode pair does
+  the same across a producer and a consumer, and the consumer stores nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lmcache_platforms.config import SETTINGS, PlatformSettings
+from lmcache_platforms.tools.demo.client import Sampling, run_requests
+from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
+from lmcache_platforms.tools.demo.report import expected_hit_tokens
+from lmcache_platforms.tools.demo.runners import Resources, free_port
+from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE
+from lmcache_platforms.tools.demo.server import IN_CORE_WORKER, VllmServer, http_get, server_env, vllm_command
+from lmcache_platforms.tools.demo.server_pass import serve_args
+from lmcache_platforms.tools.demo.tokenizer import text_of
+from lmcache_platforms.tools.demo.workload import TINY_WORKLOAD, build_workload
+from lmcache_platforms.tools.redis_server import RedisServer
+from tests.ci import missing
+from tests.delivery.pins import REPO
+from tests.serving.observe import PREFIX
+
+EXAMPLES = REPO / "examples"
+LMCACHE_YAMLS = ("cpu-tier.yaml", "local-disk.yaml", "redis.yaml", "redis-cluster.yaml", "pd-producer.yaml",
+                 "pd-consumer.yaml")
+ROLES = {"pd-producer.yaml": "kv_producer", "pd-consumer.yaml": "kv_consumer"}
+CONNECTOR = "LMCachePlatformsConnector"
+
+
+@dataclass(frozen=True)
+class ServeLine:
+    """The ``vllm serve`` line of an example's header: its environment assignments and its argv."""
+
+    env: dict[str, str]
+    argv: list[str]
+
+    @property
+    def kv_transfer_config(self) -> dict[str, Any]:
+        at = self.argv.index("--kv-transfer-config")
+        return json.loads(self.argv[at + 1])
+
+
+def serve_line(path: Path) -> ServeLine:
+    """The command under ``# Serve`` in ``path``'s header: the indented comment lines there, continuations
+    joined."""
+    header = path.read_text().split("\n\n", 1)[0].splitlines()
+    start = next(i for i, line in enumerate(header) if line.startswith("# Serve"))
+    lines = []
+    for line in header[start + 1:]:
+        if line.startswith("#   "):
+            lines.append(line.removeprefix("#   "))
+        elif lines:
+            break
+    words = shlex.split(" ".join(part.removesuffix("\\") for part in lines))
+    env = {}
+    while "=" in words[0]:
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return ServeLine(env, words)
+
+
+def lmcache_loggers() -> list[logging.Logger]:
+    """The root logger and every logger LMCache and we made (LMCache's do not propagate to the root)."""
+    named = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+             if name.startswith("lmcache")]
+    return [logging.getLogger(), *named]
+
+
+@contextmanager
+def warnings_logged() -> Iterator[list[str]]:
+    """Every log record at WARNING or above on LMCache's, our and the root loggers, and every Python warning, while
+    the block runs."""
+    found: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found.append(f"{record.name}: {record.getMessage()}")
+
+    handler = Collect(logging.WARNING)
+    loggers = lmcache_loggers()
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+        found.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def load_example(path: Path) -> tuple[Any, PlatformSettings]:
+    """LMCache's config of ``path`` as its loader makes it, and our settings from its ``extra_config`` (no
+    environment: the file alone)."""
+    from lmcache.v1.config import load_engine_config_with_overrides
+
+    config = load_engine_config_with_overrides(config_file_path=str(path))
+    return config, PlatformSettings.load(config.extra_config, env={})
+
+
+def test_the_examples_folder_holds_the_documented_files() -> None:
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(LMCACHE_YAMLS)
+
+
+@pytest.mark.parametrize("name", LMCACHE_YAMLS)
+def test_lmcache_and_our_settings_read_the_example_without_a_warning(name: str, monkeypatch) -> None:
+    import lmcache.v1.config  # noqa: F401 - its loggers exist before they are watched
+
+    for variable in [v for v in os.environ if v.startswith("LMCACHE_")]:
+        monkeypatch.delenv(variable)
+    path = EXAMPLES / name
+    raw = yaml.safe_load(path.read_text())
+    with warnings_logged() as found:
+        config, settings = load_example(path)
+    assert found == []
+    for key, value in raw.items():
+        if key != "extra_config":
+            assert getattr(config, key) == (value[len("file://"):] if key == "local_disk" else value), key
+    ours = raw.get("extra_config") or {}
+    assert ours and all(key.startswith("platforms.") for key in ours), "extra_config holds our keys only"
+    by_key = {setting.key: setting for setting in SETTINGS}
+    for key, value in ours.items():
+        field = key.removeprefix("platforms.")
+        assert getattr(settings, field) == type(by_key[key].default)(value), key
+
+
+@pytest.mark.parametrize("name", LMCACHE_YAMLS)
+def test_the_header_says_when_to_use_it_and_serves_it_as_documented(name: str) -> None:
+    from vllm.config import KVTransferConfig
+
+    path = EXAMPLES / name
+    assert "\n# Use when: " in path.read_text().split("\n\n", 1)[0]
+    line = serve_line(path)
+    assert line.env == {"PYTHONHASHSEED": "0", "LMCACHE_CONFIG_FILE": f"examples/{name}"}
+    assert line.argv[:3] == ["vllm", "serve", "MODEL"] and len(line.argv) == 5
+    assert line.kv_transfer_config == {"kv_connector": CONNECTOR, "kv_role": ROLES.get(name, "kv_both"),
+                                       "kv_load_failure_policy": "recompute"}
+    config = KVTransferConfig(**line.kv_transfer_config)
+    assert config.is_kv_transfer_instance and config.kv_load_failure_policy == "recompute"
+
+
+# The examples' Redis, replaced by a private redis-server's URL where they are served.
+EXAMPLE_REDIS = "redis://localhost:6379"
+MAX_TOKENS = 8
+
+
+@dataclass
+class Served:
+    """What each server answered (the client's per-request results) and its ``/metrics`` after them."""
+
+    answers: dict[str, list[dict[str, Any]]]
+    metrics: dict[str, str]
+
+
+def serve_example(name: str, label: str, redis_url: str, workdir: Path, max_tokens: int) -> tuple[
+        list[dict[str, Any]], str]:
+    """The tiny model's workload through a fresh ``vllm serve`` of example ``name``'s header line: MODEL the tiny
+    local model, the yaml a copy whose Redis is ``redis_url``; the server's host and port, the tests' engine
+    shape and the worker in the engine core added. Returns the answers and the server's ``/metrics``."""
+    text = (EXAMPLES / name).read_text()
+    assert text.count(EXAMPLE_REDIS) == 1, name
+    config = workdir / f"{label}.yaml"
+    config.write_text(text.replace(EXAMPLE_REDIS, redis_url))
+    line = serve_line(EXAMPLES / name)
+    port = free_port()
+    argv = [vllm_command(), *line.argv[1:2], str(ensure_model(TINY_MODEL)), *line.argv[3:], "--host", "127.0.0.1",
+            "--port", str(port), *serve_args(BLOCK_SIZE, TINY_MODEL.max_model_len), *IN_CORE_WORKER]
+    env = server_env(Resources.available(), {**line.env, "LMCACHE_CONFIG_FILE": str(config)})
+    requests = build_workload(TINY_WORKLOAD, TINY_MODEL.vocab_size)
+    prompts = [(r.name, text_of(r.tokens), len(r.tokens)) for r in requests]
+    log = workdir / f"{label}.log"
+    server = VllmServer(argv, env, log, port, Resources.available())
+    with server:
+        answers = run_requests(server.base_url, prompts, Sampling(max_tokens=max_tokens))
+        metrics = http_get(f"{server.base_url}/metrics", timeout_s=60.0)
+    (workdir / f"{label}.metrics").write_text(metrics)  # beside the server's log, for a failing run's reader
+    assert server.stopped_in_time and server.exit_code == 0, log.read_text()[-3000:]
+    return answers, metrics
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    """The Redis example served cold then warm on one Redis; the prefill/decode pair, producer then consumer
+    (asked with max_tokens 1, as its header's router does), on another."""
+    if shutil.which("redis-server") is None:
+        missing("redis-server is not on PATH (Debian package redis-server; scripts/test_services.sh installs it)")
+    workdir = tmp_path_factory.mktemp("examples")
+    answers, metrics = {}, {}
+    for runs in ((("cold", "redis.yaml", MAX_TOKENS), ("warm", "redis.yaml", MAX_TOKENS)),
+                 (("producer", "pd-producer.yaml", 1), ("consumer", "pd-consumer.yaml", MAX_TOKENS))):
+        with RedisServer(str(workdir)) as redis:
+            for label, name, max_tokens in runs:
+                answers[label], metrics[label] = serve_example(name, label, redis.url, workdir, max_tokens)
+    return Served(answers, metrics)
+
+
+def samples(metrics: str, family: str) -> dict[str, float]:
+    """One of our families' samples on ``/metrics``, by their label sets (as written there)."""
+    found = {}
+    for line in metrics.splitlines():
+        match = re.match(rf"^{re.escape(PREFIX + family)}(\{{[^}}]*\}})? (\S+)$", line)
+        if match:
+            found[match.group(1) or ""] = float(match.group(2))
+    return found
+
+
+def hits(answers: list[dict[str, Any]]) -> list[int]:
+    return [answer["lmcache_hit_tokens"] for answer in answers]
+
+
+@pytest.mark.slow
+def test_the_redis_example_serves_a_fresh_server_every_whole_chunk_from_redis(served: Served) -> None:
+    chunk = yaml.safe_load((EXAMPLES / "redis.yaml").read_text())["chunk_size"]
+    lengths = [answer["prompt_tokens"] for answer in served.answers["cold"]]
+    assert hits(served.answers["cold"]) == [0, 0, 0]
+    assert hits(served.answers["warm"]) == [expected_hit_tokens(n, chunk) for n in lengths] == [256, 256, 256]
+    assert [a["tokens"] for a in served.answers["warm"]] == [a["tokens"] for a in served.answers["cold"]]
+    tiers = samples(served.metrics["warm"], "tier_bytes_read_total")
+    assert {re.search(r'tier="(\w+)"', label)[1] for label in tiers} == {"RemoteBackend"}  # a fresh server: Redis
+
+
+@pytest.mark.slow
+def test_the_pd_consumer_loads_what_the_producer_stored_and_stores_nothing(served: Served) -> None:
+    lengths = [answer["prompt_tokens"] for answer in served.answers["producer"]]
+    assert hits(served.answers["consumer"]) == [expected_hit_tokens(n, 256) for n in lengths] == [256, 256, 256]
+    assert sum(samples(served.metrics["producer"], "chunks_stored_total").values()) > 0
+    assert sum(samples(served.metrics["consumer"], "chunks_stored_total").values()) == 0
+    assert [len(a["tokens"]) for a in served.answers["consumer"]] == [MAX_TOKENS] * 3
+
