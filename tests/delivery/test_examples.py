@@ -4,6 +4,8 @@
   either does not know is a warning or an error there), and its header's ``vllm serve`` line is a command vLLM
   accepts: our connector, the role the file is for, ``kv_load_failure_policy: recompute``, a fixed
   ``PYTHONHASHSEED`` and ``LMCACHE_CONFIG_FILE`` naming the file itself.
+- ``docker-compose.yml`` names an image built from a Dockerfile of ``docker/``, a Redis the LMCache yaml it mounts
+  can reach, ports that match the server's, and only environment variables something reads.
 - The Redis yaml serves: a real ``vllm serve`` of its header's line (MODEL the tiny local model, the yaml's Redis
   port a private ``redis-server``'s) stores, and a fresh one loads every whole chunk; the prefill/decode pair does
   the same across a producer and a consumer, and the consumer stores nothing.
@@ -249,4 +251,61 @@ def test_the_pd_consumer_loads_what_the_producer_stored_and_stores_nothing(serve
     assert sum(samples(served.metrics["producer"], "chunks_stored_total").values()) > 0
     assert sum(samples(served.metrics["consumer"], "chunks_stored_total").values()) == 0
     assert [len(a["tokens"]) for a in served.answers["consumer"]] == [MAX_TOKENS] * 3
+
+
+COMPOSE = EXAMPLES / "docker-compose.yml"
+
+
+def compose_command_option(command: list[str], option: str) -> str:
+    return command[command.index(option) + 1]
+
+
+def known_environment(name: str) -> bool:
+    """Whether something reads ``name``: Python, vLLM (its ``envs``), LMCache (``LMCACHE_<KEY>`` of a config
+    key, or a name its code spells out) or our settings."""
+    import lmcache
+    from lmcache.v1.config import _CONFIG_DEFINITIONS
+    from vllm import envs
+
+    if name == "PYTHONHASHSEED" or name in envs.environment_variables or name in {s.env for s in SETTINGS}:
+        return True
+    if name.startswith("LMCACHE_") and name.removeprefix("LMCACHE_").lower() in _CONFIG_DEFINITIONS:
+        return True
+    sources = Path(lmcache.__file__).parent.rglob("*.py")
+    return any(f'"{name}"' in source.read_text() for source in sources)
+
+
+def test_compose_builds_our_image_and_serves_through_its_redis(monkeypatch) -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    assert sorted(services) == ["redis", "vllm"]
+    vllm, redis = services["vllm"], services["redis"]
+    context = (COMPOSE.parent / vllm["build"]["context"]).resolve()
+    assert context == REPO and (context / vllm["build"]["dockerfile"]).is_file()
+    assert vllm["build"]["dockerfile"] == "docker/Dockerfile.cuda" and vllm["image"] == "lmcache-platforms:cuda"
+    command = vllm["command"]
+    transfer = json.loads(compose_command_option(command, "--kv-transfer-config"))
+    assert transfer == {"kv_connector": CONNECTOR, "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
+    assert vllm["ports"] == [f"{compose_command_option(command, '--port')}:{compose_command_option(command, '--port')}"]
+    assert vllm["depends_on"] == {"redis": {"condition": "service_healthy"}}
+    environment = vllm["environment"]
+    assert [name for name in environment if not known_environment(name)] == []
+    assert environment["PYTHONHASHSEED"] == "0"
+    mounts = dict(volume.removesuffix(":ro").split(":", 1)[::-1] for volume in vllm["volumes"])
+    config_source = COMPOSE.parent / mounts[environment["LMCACHE_CONFIG_FILE"]]
+    assert config_source == EXAMPLES / "redis.yaml"
+    # What LMCache makes of the mounted yaml and the service's variables: the redis service's port, no warning.
+    for variable in [v for v in os.environ if v.startswith("LMCACHE_")]:
+        monkeypatch.delenv(variable)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    import lmcache.v1.config  # noqa: F401 - its loggers exist before they are watched
+
+    with warnings_logged() as found:
+        config, _settings = load_example(config_source)
+    assert found == []
+    redis_port = compose_command_option(redis["command"], "--port")
+    assert config.remote_url == f"redis://redis:{redis_port}"
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "-p", redis_port, "ping"]
+
 
