@@ -9,6 +9,8 @@
 - The Redis yaml serves: a real ``vllm serve`` of its header's line (MODEL the tiny local model, the yaml's Redis
   port a private ``redis-server``'s) stores, and a fresh one loads every whole chunk; the prefill/decode pair does
   the same across a producer and a consumer, and the consumer stores nothing.
+- Every PromQL expression of the Grafana dashboard and the alert rules names only metric families, and labels,
+  that those servers' ``/metrics`` export.
 """
 
 from __future__ import annotations
@@ -309,3 +311,110 @@ def test_compose_builds_our_image_and_serves_through_its_redis(monkeypatch) -> N
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "-p", redis_port, "ping"]
 
 
+
+# What the examples' PromQL may call; any other word followed by "(" fails the check.
+PROMQL_FUNCTIONS = {"sum", "rate", "increase", "histogram_quantile", "label_values"}
+PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset"}
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+
+
+@dataclass(frozen=True)
+class Names:
+    """The metric names and label names one PromQL expression uses."""
+
+    metrics: frozenset[str]
+    labels: frozenset[str]
+
+
+def promql_names(expr: str) -> Names:
+    """``expr``'s metric and label names: label matchers (``{...}``) and grouping clauses give labels, ranges
+    (``[...]``, Grafana's ``$__rate_interval`` included) are dropped, words before ``(`` must be functions, and
+    every other word that is not a keyword is a metric name. A ``label_values(metric, label)`` query counts too."""
+    labels: set[str] = set()
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    query = re.fullmatch(r"\s*label_values\(\s*([\w:]+)\s*,\s*(\w+)\s*\)\s*", expr)
+    if query:
+        return Names(frozenset({query.group(1)}), frozenset({query.group(2)}))
+    for matchers in re.findall(r"\{([^}]*)\}", expr):
+        labels.update(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers))
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", expr)
+    for match in _GROUPING.finditer(expr):
+        labels.update(name.strip() for name in match.group(2).split(",") if name.strip())
+    expr = _GROUPING.sub(" ", expr)
+    metrics = set()
+    for match in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?", expr):
+        word, call = match.group(1), match.group(2)
+        if call:
+            assert word in PROMQL_FUNCTIONS, f"{word!r} is not one of the functions the examples may use: {expr}"
+        elif word not in PROMQL_KEYWORDS:
+            metrics.add(word)
+    return Names(frozenset(metrics), frozenset(labels))
+
+
+def exported(metrics: str) -> dict[str, set[str]]:
+    """Every sample name on a ``/metrics`` page, with the label names its samples carry."""
+    found: dict[str, set[str]] = {}
+    for line in metrics.splitlines():
+        match = re.match(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})? \S+", line)
+        if match:
+            found.setdefault(match.group(1), set()).update(re.findall(r'(\w+)="', match.group(2) or ""))
+    return found
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads((EXAMPLES / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", ())]
+    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for group in yaml.safe_load((EXAMPLES / "prometheus-alerts.yml").read_text())["groups"]
+            for rule in group["rules"]]
+
+
+def test_promql_names_reads_metrics_and_labels_apart() -> None:
+    names = promql_names('histogram_quantile(0.99, sum by (model_name, le) (rate(vllm:a_bucket{cause="x", '
+                         'model_name=~"$model_name"}[$__rate_interval]))) / on (le) vllm:b > 1 and c_total == 0')
+    assert names == Names(frozenset({"vllm:a_bucket", "vllm:b", "c_total"}), frozenset({"model_name", "le", "cause"}))
+    assert promql_names("label_values(vllm:x_total, model_name)") == Names(frozenset({"vllm:x_total"}),
+                                                                         frozenset({"model_name"}))
+    with pytest.raises(AssertionError, match="'avg_over_time' is not one of"):
+        promql_names("avg_over_time(vllm:x[5m])")
+
+
+def test_the_dashboard_and_the_alerts_are_what_grafana_and_prometheus_load() -> None:
+    dashboard = json.loads((EXAMPLES / "grafana-dashboard.json").read_text())
+    panels = dashboard["panels"]
+    assert sorted(p["id"] for p in panels) == list(range(1, len(panels) + 1))
+    for panel in panels:
+        if panel["type"] != "row":
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"} and panel["targets"]
+            assert [t["refId"] for t in panel["targets"]] == [chr(ord("A") + i) for i in range(len(panel["targets"]))]
+    rules = alert_rules()
+    assert len({rule["alert"] for rule in rules}) == len(rules)
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}
+        assert set(rule["annotations"]) == {"summary", "description"}
+        # An annotation can name only labels the expression keeps.
+        used = set(re.findall(r"\$labels\.(\w+)", json.dumps(rule["annotations"])))
+        kept = set().union(*(set(m.group(2).replace(" ", "").split(",")) for m in _GROUPING.finditer(rule["expr"])))
+        assert used <= kept, rule["alert"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_every_expression_names_families_and_labels_the_servers_export(served: Served, source: str) -> None:
+    """Against the Redis example's cold server (it stored) and warm one (it loaded): a family by KV-cache group or
+    tier appears once it moved a byte. LMCache's own ``lmcache:`` families are not there: they live in the engine
+    core's process, and ``vllm serve`` with one API server exports the API server's registry only."""
+    families = exported(served.metrics["cold"] + served.metrics["warm"])
+    assert any(name.startswith(PREFIX) for name in families)
+    assert [name for name in families if name.startswith("lmcache:")] == []
+    exprs = dashboard_expressions() if source == "dashboard" else [rule["expr"] for rule in alert_rules()]
+    for expr in exprs:
+        names = promql_names(expr)
+        assert names.metrics and names.metrics <= set(families), (sorted(names.metrics - set(families)), expr)
+        carried = set().union(*(families[name] for name in names.metrics))
+        assert names.labels <= carried, (sorted(names.labels - carried), expr)
