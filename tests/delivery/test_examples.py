@@ -127,6 +127,9 @@ def load_example(path: Path) -> tuple[Any, PlatformSettings]:
 
 def test_the_examples_folder_holds_the_documented_files() -> None:
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(LMCACHE_YAMLS)
+    listed = re.findall(r"^\| (.+?) \|", (EXAMPLES / "README.md").read_text(), re.M)[1:]
+    named = sorted(name for row in listed for name in re.findall(r"`([^`/]+)`", row))
+    assert named == sorted(p.name for p in EXAMPLES.iterdir() if p.name != "README.md")
 
 
 @pytest.mark.parametrize("name", LMCACHE_YAMLS)
