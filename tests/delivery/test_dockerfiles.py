@@ -58,8 +58,8 @@ def test_readme_gives_build_run_and_serve_lines_per_accelerator():
         assert f"docker build -f docker/Dockerfile.{platform} -t lmcache-platforms:{platform} ." in text
         assert re.search(rf"docker run (?:[^\n]|\\\n)*?lmcache-platforms:{platform} ", text), platform
     configs = re.findall(r"--kv-transfer-config '([^']+)'", text)
-    assert configs and all(json.loads(c) == {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both"}
-                           for c in configs)
+    assert configs and all(json.loads(c) == {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both",
+                                             "kv_load_failure_policy": "recompute"} for c in configs)
     assert "--no-disable-hybrid-kv-cache-manager" not in text  # vLLM keeps HMA on for a SupportsHMA connector
 
 
