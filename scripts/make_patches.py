@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import importlib.metadata
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,10 +392,12 @@ class Transplant:
                 at = self.above_comments(module, min(plan.anchors))
                 helpers = sorted(plan.helpers.values(), key=lambda found: (str(found[0].path), found[1].lineno))
                 edits.append(Edit(at, at - 1, "".join(ours.segment(h) + "\n\n" for ours, h in helpers)))
-            if plan.imports:
-                after = last_import_line(module)
-                lines = sorted(import_line(n, s) for n, s in plan.imports.items())
-                edits.append(Edit(after + 1, after, "".join(line + "\n" for line in lines)))
+            after = import_lines(module)
+            for section in range(3):
+                lines = sorted(import_line(n, s) for n, s in plan.imports.items() if import_section(s[0]) == section)
+                if lines:
+                    at = after[section] + 1
+                    edits.append(Edit(at, at - 1, "".join(line + "\n" for line in lines)))
             lines = list(module.lines)
             for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
                 text = upstream_doc_names(edit.text, self.renames)
@@ -427,14 +430,26 @@ def wrapped_function(outer: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef:
                 and n.name == returned.value.id)
 
 
-def last_import_line(module: Module) -> int:
-    """The last line of the module's leading imports."""
-    last = 0
+def import_section(module: str) -> int:
+    """LMCache's import sections, in order: the standard library, third parties, LMCache itself."""
+    top = module.split(".")[0]
+    return 0 if top in sys.stdlib_module_names else 2 if top == "lmcache" else 1
+
+
+def import_lines(module: Module) -> dict[int, int]:
+    """Per import section, the last line of the module's leading imports in it (sections it lacks fall back to
+    the one before, or the first import)."""
+    last: dict[int, int] = {}
+    first = 0
     for statement in module.tree.body:
         if isinstance(statement, ast.Import | ast.ImportFrom):
-            last = statement.end_lineno or last
-        elif not (isinstance(statement, ast.Expr | ast.If | ast.Try)):
+            name = statement.names[0].name if isinstance(statement, ast.Import) else statement.module or ""
+            last[import_section(name)] = statement.end_lineno or 0
+            first = first or statement.lineno - 1
+        elif not isinstance(statement, ast.Expr | ast.If | ast.Try):
             break
+    for section in range(3):
+        last.setdefault(section, last.get(section - 1, first))
     return last
 
 
