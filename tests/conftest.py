@@ -82,6 +82,7 @@ EXPECTED_SECONDS = {
     "tests/delivery/test_examples.py": 140,
     "tests/fuzz/test_fuzz_slice.py": 100,
     "tests/fuzz/test_first_repro.py": 60,
+    "tests/upstream_fixes/test_patch_files.py": 45,
     "tests/connector/test_engine_round_trip.py": 75,
     "tests/integration/test_upstream_names_inprocess.py": 60,
     "tests/integration/test_recurrent_e2e.py::turn-two": 55,

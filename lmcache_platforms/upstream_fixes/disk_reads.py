@@ -8,7 +8,8 @@ allocator's buffer held before (stale KV of another chunk), loaded into vLLM as 
 
 Here ``read_file`` raises ``ChunkFileError`` when the file is missing or its size is not the chunk's (a
 short or overlong file is removed from the index and the disk, as upstream does for a missing one), and
-``load_bytes_from_disk`` turns that into a miss that frees its buffer, as the batched path already does.
+``load_bytes_from_disk`` turns that (or any other error of the read) into a miss that frees its buffer, as the
+batched path already does.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def load_bytes_from_disk(self: Any, key: Any, path: str, dtype: Any, shape: Any,
         return None
     try:
         self.read_file(key, memory_obj.byte_array, path)
-    except ChunkFileError as exc:
+    except OSError as exc:  # ours, or the same check's error where patches/ put it into LMCache itself
         logger.warning("LMCache disk chunk not loaded: %s", exc)
         memory_obj.ref_count_down()
         return None
