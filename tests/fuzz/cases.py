@@ -33,6 +33,11 @@ DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "kv_cache": ("roomy", "tight"),
 }
 RECURRENT = ("qwen3-next", "lfm2")
+# Models whose recurrent state vLLM's CPU kernels resume in other arithmetic than a prefill computes it, and the
+# top-logit drift (bf16 units in the last place) that allows: a request resumed from a state (LMCache's, or vLLM's
+# own prefix cache's) rounds its logits otherwise than a cold one, without poisoned blocks too (LFM2's short
+# convolution: up to 4 seen; Qwen3-Next's GDN resumes bit for bit).
+RESUMES_OTHERWISE = {"lfm2": 5.0}
 SHARED_TIERS = ("fs", "redis")
 WINDOW = 96  # the hybrid model's sliding window: not a multiple of any block size drawn
 ABORTED = 0.1  # the share of batches whose last request the client aborts after the engine's first step
