@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 OPTIONS = {"dtype": "--dtype", "cache_dtype": "--kv-cache-dtype", "block_size": "--block-size"}
 """vLLM's config fields and the options of ``plan --model`` that set them, for error messages."""
@@ -117,7 +117,8 @@ def _layer_specs(vllm_config: Any) -> dict[str, Any]:
     from vllm.v1.worker.utils import customize_attention_spec
 
     specs = {}
-    for name, layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
+    layers = get_layers_from_vllm_config(vllm_config, cast(type[Any], AttentionLayerBase))
+    for name, layer in layers.items():
         if isinstance(layer, Attention) and layer.kv_sharing_target_layer_name:
             continue
         spec = layer.get_kv_cache_spec(vllm_config)
@@ -133,8 +134,13 @@ def _configs(folder: Path, dtype: str, kv_cache_dtype: str, block_size: int | No
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
 
     try:
-        model = ModelConfig(model=str(folder), dtype=dtype, skip_tokenizer_init=True)
-        cache = CacheConfig(cache_dtype=kv_cache_dtype, **({"block_size": block_size} if block_size else {}))
+        # The user's strings as given: vLLM's own validation names what it accepts.
+        model_args: dict[str, Any] = {"model": str(folder), "dtype": dtype, "skip_tokenizer_init": True}
+        cache_args: dict[str, Any] = {"cache_dtype": kv_cache_dtype}
+        if block_size:
+            cache_args["block_size"] = block_size
+        model = ModelConfig(**model_args)
+        cache = CacheConfig(**cache_args)
         return VllmConfig(model_config=model, cache_config=cache)
     except ValidationError as exc:
         error = exc.errors()[0]
@@ -166,15 +172,22 @@ def model_groups(path: str, dtype: str = "auto", kv_cache_dtype: str = "auto",
     folder = config_folder(path)
     with _quiet_vllm():
         vllm_config = _configs(folder, dtype, kv_cache_dtype, block_size)
+        architecture = vllm_config.model_config.architectures[0]
         with _single_rank(vllm_config), _cuda_placeholders(), torch.device("meta"):
-            initialize_model(vllm_config)
-            specs = _layer_specs(vllm_config)
-            layouts = [layout.name for layout in get_supported_kv_cache_layouts(get_current_attn_backends(vllm_config))]
-            resolve_kv_cache_layout(vllm_config, [layouts], specs.values())
-            groups = get_kv_cache_groups(vllm_config, specs)
+            try:
+                initialize_model(vllm_config)
+                specs = _layer_specs(vllm_config)
+                backends = get_current_attn_backends(vllm_config)
+                layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
+                resolve_kv_cache_layout(vllm_config, [layouts], specs.values())
+                groups = get_kv_cache_groups(vllm_config, specs)
+            except (AssertionError, AttributeError, KeyError, NotImplementedError, TypeError, ValueError) as exc:
+                # vLLM checks a config's dimensions as it builds the layers, by assertions among others.
+                raise ModelFolderError(f"--model {folder}: vLLM cannot build {architecture} from this config.json: "
+                                       f"{type(exc).__name__}: {_first_sentence(str(exc))}") from exc
     cache = vllm_config.cache_config
     return ModelGroups(
-        architecture=vllm_config.model_config.architectures[0],
+        architecture=architecture,
         dtype=str(vllm_config.model_config.dtype).removeprefix("torch."),
         kv_cache_dtype=cache.cache_dtype,
         block_size=cache.block_size,

@@ -234,6 +234,8 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(grid(("tier", "bytes/chunk", "tokens/GiB"),
                           [(tier, _bytes(cost["bytes_per_chunk"]), _bytes(cost["tokens_per_GiB"]))
                            for tier, cost in summary["tiers"].items()], (False, True, True)))
+        lines.append("(every tier holds the objects' bytes as they are, Redis through LMCache's default naive "
+                     "serde; another remote_serde would change Redis's figure)")
     else:
         lines.append("LMCache stores nothing for this model as configured")
     lines += [f"note: {note}" for note in summary["notes"]]

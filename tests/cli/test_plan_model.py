@@ -190,7 +190,7 @@ def test_the_table_through_the_console_script(tmp_path, capsys) -> None:
     folder = model_folder(tmp_path, LLAMA_3_1_8B)
     assert main(["plan", "--model", str(folder)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-8:] == [
+    assert out[-9:] == [
         f"model {folder} (LlamaForCausalLM): dtype bfloat16, KV cache auto, vLLM block 128 tokens, LMCache chunk "
         "256 tokens",
         "group  kind            layers  bytes/token  bytes/chunk  stored",
@@ -200,6 +200,8 @@ def test_the_table_through_the_console_script(tmp_path, capsys) -> None:
         "cpu     33,558,528       7,936",
         "disk    33,556,736       7,936",
         "redis   33,556,764       7,936",
+        "(every tier holds the objects' bytes as they are, Redis through LMCache's default naive serde; another "
+        "remote_serde would change Redis's figure)",
     ]
 
 
@@ -224,6 +226,14 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys) -> No
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"lmcache-platforms plan: {message.format(tmp=tmp_path)}\n"
+
+
+def test_a_config_vllm_cannot_build_is_one_line(tmp_path, capsys) -> None:
+    folder = model_folder(tmp_path, {**LLAMA_3_1_8B, "num_key_value_heads": 7})
+    assert run_plan(["--model", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"lmcache-platforms plan: --model {folder}: vLLM cannot build LlamaForCausalLM from this config.json: "
+        "AssertionError: num_heads (32) is not divisible by num_kv_heads (7)\n")
 
 
 def test_a_bad_vllm_setting_names_the_option(tmp_path, capsys) -> None:
