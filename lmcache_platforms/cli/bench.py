@@ -11,6 +11,9 @@ copies. On CPU the checked load is also timed where the layout adds nothing (con
 floor. On an accelerator the connector's own path to LMCache's pinned host objects (``LayoutBinding``) is timed
 against a pinned copy, also with the objects' checksum made on the device and on the host, and on CUDA the GPU
 time alone (CUDA graph replay) against a device copy replayed the same way.
+
+The results print as a table (figures that do not apply on this machine left out); ``--json`` prints them as
+one JSON object, the last line, for scripts.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 
     from lmcache_platforms.layout.plane import Plane
 
+from lmcache_platforms.cli.bench_output import engine_table, layout_table, servers_table
 from lmcache_platforms.tools.copy_reference import best_copy, best_of_rounds, copiers, graph_seconds
 
 GIB = 1e9
@@ -78,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=20,
                         help="timed rounds; the best of each counts (upstream, being slow, gets a quarter)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object as the last line instead of the table (what scripts read)")
 
 
 def _fail(message: str) -> int:
@@ -524,14 +529,7 @@ def run_engine(args: argparse.Namespace) -> int:
 
     def body(folder: Path) -> list[str]:
         result = run_bench(bench_from_args(args, folder), lambda line: print(line, file=sys.stderr, flush=True))
-        if args.json:
-            print(json.dumps(result))
-        else:
-            print(f"{result['model']}, {result['tokens']} tokens x {result['requests']} prompts, chunk "
-                  f"{result['chunk_size']}, cores {result['cores']}"
-                  + (", KV-cache events published" if result["kv_events"] else ""))
-            for row in result["tiers"]:
-                print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
+        print(json.dumps(result) if args.json else engine_table(result))
         return [f"tier {row['tier']} ({row['mode']}): {row['error']}" for row in result["tiers"] if "error" in row]
 
     try:
@@ -561,14 +559,7 @@ def run_scale_out(args: argparse.Namespace) -> int:
         bench = ScaleBench(model, ensure_model(model), counts, args.tokens, args.groups, args.rounds,
                            args.chunk_size, folder, args.concurrency)
         result = run_scale(bench, lambda line: print(line, file=sys.stderr, flush=True))
-        if args.json:
-            print(json.dumps(result))
-        else:
-            print(f"{result['model']}, {result['prefix_tokens']}-token prefixes + {result['suffix_tokens']}, "
-                  f"{result['groups']} prefixes x {result['rounds']} rounds, chunk {result['chunk_size']}, "
-                  f"{result['concurrency']} in flight per server, cores {result['cores']}")
-            for row in result["rows"]:
-                print("  " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in row.items()))
+        print(json.dumps(result) if args.json else servers_table(result))
         return [f"{row['servers']} server(s): {row['errors']} failed requests" for row in result["rows"]
                 if row["errors"]]
 
@@ -592,9 +583,5 @@ def run(args: argparse.Namespace) -> int:
         result = measure(args)
     except (ValueError, BackendUnavailable) as exc:
         return _fail(str(exc))
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>24}: {value}")
-        return 0
-    print(json.dumps(result))
+    print(json.dumps(result) if args.json else layout_table(result))
     return 0

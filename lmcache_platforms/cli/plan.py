@@ -1,8 +1,12 @@
-"""Show what a layout file moves per LMCache chunk: transfer groups, rows, bytes and kernel launches.
+"""Show what a layout file moves per LMCache chunk (transfer groups, rows, bytes and kernel launches), or
+size a model's KV cache in LMCache's tiers before deploying it.
 
-``--layout`` takes a path or a shipped example name (gemma3, llama8b, deepseek-v4, ...). Mode and group
-rules default to this process's settings (LMCACHE_PLATFORMS_MODE, ..._SAVE_GROUPS, ..._SKIP_GROUPS).
-With ``--json`` the last line printed is one JSON object.
+``--layout`` takes a path or a shipped example name (gemma3, llama8b, deepseek-v4, ...). ``--model`` takes a
+local Hugging Face model folder (or its config.json): vLLM's own classes make its KV-cache groups without
+reading a weight, and each group's bytes a token and a chunk are shown with the tokens a GiB of CPU memory,
+disk and Redis holds. Mode and group rules default to this process's settings (LMCACHE_PLATFORMS_MODE,
+..._SAVE_GROUPS, ..._SKIP_GROUPS). A table by default; with ``--json`` the last line printed is one JSON
+object instead.
 """
 
 from __future__ import annotations
@@ -12,13 +16,20 @@ import json
 import sys
 from typing import Any
 
+from lmcache_platforms.cli import model_plan
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layout", required=True, help="layout JSON file or example name")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--layout", help="layout JSON file or example name")
+    what.add_argument("--model", help="a local Hugging Face model folder, or its config.json: size its KV cache "
+                                      "in LMCache (see below)")
     parser.add_argument("--mode", choices=("bundled", "exploded"), help="transfer grouping (default: settings)")
     parser.add_argument("--save-groups", help="comma list of group indices/spec names always saved")
     parser.add_argument("--skip-groups", help="comma list of group indices/spec names never saved")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object as the last line instead of the table")
+    model_plan.add_arguments(parser)
 
 
 def _table(summary: dict[str, Any]) -> str:
@@ -45,6 +56,8 @@ def _table(summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return model_plan.run(args)
     from lmcache_platforms.config import PlatformSettings
     from lmcache_platforms.layout import LayoutError, load_layout_spec
     from lmcache_platforms.tools.fixtures import plan
