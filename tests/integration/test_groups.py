@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.groups import plan_groups, tokens_per_row
@@ -152,3 +153,18 @@ def test_only_a_sliding_window_group_keeps_its_window():
     promoted = type(full())(block_size=32, num_kv_heads=1, head_size=64, dtype=full().dtype, sliding_window=48)
     plan = plan_groups([group(["a"], promoted), group(["b"], sliding(48))], DEFAULT)
     assert [g.sliding_window for g in plan.groups] == [None, 48]
+
+
+def test_a_group_whose_layers_compress_differently_is_unrestorable_naming_them():
+    """vLLM 0.32 groups DeepSeek-V4's 4- and 128-token compressed MLA layers together: one group geometry would
+    move the 4-token layers' rows as if each covered 128 tokens."""
+    names = ["model.layers.2.attn", "model.layers.3.attn", "model.layers.4.attn"]
+    mixed = UniformTypeKVCacheSpecs(block_size=128, kv_cache_specs={
+        names[0]: compressed(4), names[1]: compressed(128), names[2]: compressed(4)})
+    plan = plan_groups([group(names, mixed)], PlatformSettings())
+    assert plan.saved == ()
+    assert plan.unrestorable == {0: "its layers store different tokens per row (4 tokens a row: model.layers.2.attn "
+                                    "and 1 more; 128 tokens a row: model.layers.3.attn), which one group's rows "
+                                    "cannot describe"}
+    alike = UniformTypeKVCacheSpecs(block_size=128, kv_cache_specs={n: compressed(4) for n in names})
+    assert plan_groups([group(names, alike)], PlatformSettings()).saved == (0,)

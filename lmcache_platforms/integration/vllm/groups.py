@@ -76,7 +76,8 @@ class GroupPlan:
 
 
 def _first_layer_spec(spec: Any) -> Any:
-    """A ``UniformTypeKVCacheSpecs`` wraps one spec per layer (all alike); use the first."""
+    """A ``UniformTypeKVCacheSpecs`` wraps one spec per layer; the first stands for the group (``_mixed_rows``
+    refuses a group whose layers do not store alike)."""
     inner = getattr(spec, "kv_cache_specs", None)
     if isinstance(inner, dict) and inner:
         return next(iter(inner.values()))
@@ -108,6 +109,22 @@ def tokens_per_row(spec: Any) -> int | Fraction:
     return value
 
 
+def _mixed_rows(spec: Any) -> str | None:
+    """Why a group whose layers cover different tokens per stored row cannot be moved as one geometry (vLLM
+    0.32 puts DeepSeek-V4's 4- and 128-token compressed layers into one group), or None."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    if not isinstance(inner, dict):
+        return None
+    by_ratio: dict[Any, list[str]] = {}
+    for name, layer in inner.items():
+        by_ratio.setdefault(tokens_per_row(layer), []).append(name)
+    if len(by_ratio) < 2:
+        return None
+    kinds = "; ".join(f"{ratio} tokens a row: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+                      for ratio, names in by_ratio.items())
+    return f"its layers store different tokens per row ({kinds}), which one group's rows cannot describe"
+
+
 def _unrestorable_reason(spec: Any, ratio: int | Fraction) -> str | None:
     if isinstance(ratio, int) and ratio < 0:
         return "recurrent state without per-chunk snapshots cannot be restored from LMCache chunks"
@@ -134,7 +151,7 @@ def group_from_spec(index: int, group_spec: Any, settings: PlatformSettings,
     if is_recurrent(layer):
         return _snapshot_group(index, group_spec, layer, chunk_size)
     ratio = tokens_per_row(spec)
-    problem = _unrestorable_reason(layer, ratio)
+    problem = _mixed_rows(spec) or _unrestorable_reason(layer, ratio)
     cr = int(ratio) if problem is None else 1
     spec_name = type(layer).__name__
     group = KVGroup(
