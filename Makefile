@@ -15,7 +15,7 @@ PYTEST_WORKERS ?= -n 2 --no-loadscope-reorder
 # workers leave a core idle (servers starting, clients waiting); its report follows pytest's, and either failing
 # fails the target.
 
-.PHONY: setup test device-check mutation fuzz demo lint clean
+.PHONY: setup test device-check mutation fuzz demo lint docs clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,13 @@ mutation: setup
 
 demo: setup
 	$(VENV)/bin/lmcache-platforms demo
+
+# The generated docs: benchmark tables from docs/bench/*.json, the configuration reference from the settings'
+# declarations, the patch files from the catalog (tests fail when a committed copy differs from its generator's).
+docs: setup
+	$(PY) scripts/bench_docs.py
+	$(PY) scripts/config_docs.py
+	$(PY) -m scripts.make_patches
 
 lint: setup
 	$(PY) -m ruff check lmcache_platforms lmcache_platforms_npu_device.py tests scripts
