@@ -5,14 +5,11 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from lmcache_platforms.kernels.stripe_hashing import StripeCheck, StripeSink
 from lmcache_platforms.layout.plane import Plane, buffer_bytes
-
-if TYPE_CHECKING:  # kernels.crc32c loads the CPU backend, which imports this module
-    from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
 
 
 class Direction(enum.Enum):
@@ -122,14 +119,14 @@ class KernelBackend(abc.ABC):
         them back, a synchronisation per call."""
 
     def store_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
-                     stripes: ObjectStripes, offset: int) -> None:
+                     stripes: StripeSink, offset: int) -> None:
         """A store into host ``buffer``, the object's payload bytes from ``offset``, that also adds every byte it
         holds afterwards to ``stripes`` (``kernels.crc32c``). This default stores, then hashes the buffer; a
         backend that can hashes the bytes as it writes them (no second pass over memory)."""
         self.transfer(planes, slots, buffer, Direction.STORE)
         stripes.feed(buffer, offset)
 
-    def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: ObjectCheck,
+    def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: StripeCheck,
                      offset: int) -> bool:
         """A load from host ``buffer``, the object's payload bytes from ``offset``, that writes only bytes whose
         stripe matches the CRC the object carries; False when one does not (the load stopped there). This

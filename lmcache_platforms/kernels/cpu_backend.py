@@ -9,48 +9,21 @@ with the reason, and the registry falls back to ``torch``.
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError, validate_transfer
-from lmcache_platforms.kernels.plane_table import ABI_VERSION, TableCache, built_library
+from lmcache_platforms.kernels.native_library import load_library
+from lmcache_platforms.kernels.plane_table import TableCache
+from lmcache_platforms.kernels.stripe_hashing import StripeCheck, StripeSink
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
 
-if TYPE_CHECKING:  # kernels.crc32c loads this module's library
-    from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
-
 logger = init_logger(__name__)
 
-LIBRARY_MODULE = "lmcache_platforms.kernels._cpu_transfer"
 _DIRECTIONS = {Direction.STORE: 0, Direction.LOAD: 1}
-REBUILD_HINT = "rebuild with `python setup.py build_ext --inplace` or `pip install -e .`"
-
-
-@functools.cache
-def load_library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why it cannot be used)."""
-    path, why = built_library(LIBRARY_MODULE, REBUILD_HINT)
-    if path is None:
-        return None, why
-    try:
-        lib = ctypes.CDLL(path)
-        version = lib.lmcp_abi_version()
-    except (OSError, AttributeError) as exc:
-        return None, f"cannot load {path}: {exc}; {REBUILD_HINT}"
-    if version != ABI_VERSION:
-        return None, f"{path} has ABI {version}, this package needs {ABI_VERSION}; {REBUILD_HINT}"
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
-    lib.lmcp_transfer.restype = ctypes.c_int
-    lib.lmcp_transfer_crc.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, i64, i64, vp, vp]
-    lib.lmcp_transfer_crc.restype = ctypes.c_int
-    lib.lmcp_transfer_checked.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, vp, i64, i64, vp, vp]
-    lib.lmcp_transfer_checked.restype = ctypes.c_int
-    return lib, ""
 
 
 class _Call(NamedTuple):
@@ -90,7 +63,7 @@ class CpuBackend(KernelBackend):
             raise TransferError(f"native transfer failed with status {status}")
 
     def store_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
-                     stripes: ObjectStripes, offset: int) -> None:
+                     stripes: StripeSink, offset: int) -> None:
         """The store hashes each byte as it copies it (``lmcp_transfer_crc``), on the same threads."""
         lib, call = self._checked(planes, slots, buffer, Direction.STORE)
         if call is None:
@@ -104,7 +77,7 @@ class CpuBackend(KernelBackend):
         if status != 0:
             raise TransferError(f"native hashing store failed with status {status}")
 
-    def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: ObjectCheck,
+    def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: StripeCheck,
                      offset: int) -> bool:
         """Each stripe is checked by the thread that first needs it, just before its rows are written, so the
         copy reads it from cache (``lmcp_transfer_checked``)."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmcache_platforms.kernels.cpu_backend import REBUILD_HINT, load_library
+from lmcache_platforms.kernels.native_library import REBUILD_HINT, load_library
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
@@ -152,9 +152,10 @@ class NativeCrc32c:
 
 
 class ObjectStripes:
-    """The stripe CRC-32Cs of one object's payload, built from its bytes in any order, each byte once (each
-    stripe's CRC register and byte count so far, in host memory the native code writes: this object's share,
-    ``index``, of ``registers`` and ``lengths``, which ``NativeCrc32c.stripe_states`` allocates for several)."""
+    """A ``StripeSink``: the stripe CRC-32Cs of one object's payload, built from its bytes in any order, each
+    byte once (each stripe's CRC register and byte count so far, in host memory the native code writes: this
+    object's share, ``index``, of ``registers`` and ``lengths``, which ``NativeCrc32c.stripe_states`` allocates
+    for several)."""
 
     def __init__(self, lib: NativeCrc32c, payload_bytes: int, stripe: int, registers: torch.Tensor,
                  lengths: torch.Tensor, index: int) -> None:
@@ -194,8 +195,9 @@ class ObjectStripes:
 
 
 class ObjectCheck:
-    """A load's check of one object against the stripe CRCs it carries: which stripes matched so far (one state
-    each, in host memory the native code updates), so each is hashed once however many calls need it.
+    """A ``StripeCheck``: a load's check of one object against the stripe CRCs it carries: which stripes matched
+    so far (one state each, in host memory the native code updates), so each is hashed once however many calls
+    need it.
 
     Object ``index`` of ``room`` (``count`` stripes each, its first byte at ``base``) holds its expected CRCs,
     then its states (zeroed): one int32 each per stripe, filled by ``NativeCrc32c.open_objects``."""

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcache_platforms.kernels import cpu_backend
+from lmcache_platforms.kernels import cpu_backend, native_library
 from lmcache_platforms.kernels.contract import Direction, TransferError, buffer_bytes
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
@@ -88,8 +88,8 @@ def test_rejects_device_buffers_it_cannot_reach():
 
 
 def test_missing_library_makes_the_backend_unavailable_and_warns_once(monkeypatch, caplog):
-    monkeypatch.setattr(cpu_backend, "LIBRARY_MODULE", "lmcache_platforms.kernels._not_built")
-    cpu_backend.load_library.cache_clear()
+    monkeypatch.setattr(native_library, "LIBRARY_MODULE", "lmcache_platforms.kernels._not_built")
+    native_library.load_library.cache_clear()
     logger = logging.getLogger("lmcache_platforms")
     logger.addHandler(caplog.handler)
     try:
@@ -105,7 +105,7 @@ def test_missing_library_makes_the_backend_unavailable_and_warns_once(monkeypatc
         assert len(warnings) == 1
     finally:
         logger.removeHandler(caplog.handler)
-        cpu_backend.load_library.cache_clear()
+        native_library.load_library.cache_clear()
 
 
 def big_group(seed: int) -> tuple[list[Plane], torch.Tensor]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_platforms.kernels import cpu_backend, triton_backend
+from lmcache_platforms.kernels import native_library, triton_backend
 from lmcache_platforms.kernels.plane_table import ABI_VERSION, FIELD, FIELDS, HEADER_PATH, c_header
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_the_c_struct_as_compiled_has_the_python_field_order_and_offsets(tmp_pat
 
 
 def test_the_cpu_library_reports_the_python_abi_version() -> None:
-    lib, reason = cpu_backend.load_library()
+    lib, reason = native_library.load_library()
     if lib is None:
         pytest.skip(reason)
     assert lib.lmcp_abi_version() == ABI_VERSION
