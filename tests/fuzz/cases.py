@@ -128,9 +128,11 @@ class Case:
                 "plant": None if reference else self.plant}
 
 
-def _draw_settings(rng: random.Random, pages_only: bool, fixed: dict[str, Any]) -> dict[str, Any]:
+def _draw_settings(rng: random.Random, pages_only: bool, fp8_cache: bool, fixed: dict[str, Any]) -> dict[str, Any]:
     s = {name: rng.choice(values) for name, values in DIMENSIONS.items()}
     s.update(fixed)
+    if not fp8_cache:
+        s["kv_cache_dtype"] = "auto"  # vLLM's CPU attention keeps no fp8 cache without AVX-512 or AMX
     if s["model"] in RECURRENT:  # align mode: hybrid manager and prefix caching on, vLLM's block, room for states
         s.update(connector="LMCachePlatformsConnector", hma=True, prefix_caching=True, block_size=None,
                  kv_cache="roomy")
@@ -178,10 +180,12 @@ def _draw_batches(rng: random.Random, chunk: int, block: int, count: int, tight:
     return batches
 
 
-def draw_case(seed: int, pages_only: bool, requests: int = 12, fixed: dict[str, Any] | None = None) -> Case:
-    """The case of ``seed``; ``fixed`` settings replace the drawn ones (the workload is drawn alike)."""
+def draw_case(seed: int, pages_only: bool, requests: int = 12, fixed: dict[str, Any] | None = None,
+              fp8_cache: bool = True) -> Case:
+    """The case of ``seed`` on a CPU whose vLLM keeps an fp8 cache or not (``fp8_cache``); ``fixed`` settings
+    replace the drawn ones (the workload is drawn alike)."""
     rng = random.Random(seed)
-    settings = _draw_settings(rng, pages_only, dict(fixed or {}))
+    settings = _draw_settings(rng, pages_only, fp8_cache, dict(fixed or {}))
     block = settings["block_size"] or 128
     tight = settings["kv_cache"] == "tight"
     batches = _draw_batches(rng, settings["chunk_size"], block, requests, tight)

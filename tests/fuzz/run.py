@@ -31,6 +31,7 @@ from lmcache_platforms.tools.demo.runners import GroupLeader
 from lmcache_platforms.tools.redis_server import RedisServer
 from tests.fuzz import plants
 from tests.fuzz.cases import DIMENSIONS, RECURRENT, RESUMES_OTHERWISE, WINDOW, Case, allowed_hits, draw_case
+from tests.integration.vllm_env import fp8_cache_refusal
 
 ENGINE_TIMEOUT_S = 900
 # Top-logit difference allowed where a request computes in other shapes than the reference's, in bf16 units in
@@ -266,12 +267,13 @@ def fuzz(seeds: list[int], requests_per_case: int, stop: Callable[[int, float], 
          say: Callable[[str], None] = print) -> list[Verdict]:
     models = model_dirs()
     amx = pages_only()
+    fp8_cache = fp8_cache_refusal() is None
     verdicts: list[Verdict] = []
     started = time.perf_counter()
     for seed in seeds:
         if stop(sum(v.case.requests for v in verdicts), time.perf_counter() - started):
             break
-        case = draw_case(seed, amx, requests_per_case, fixed)
+        case = draw_case(seed, amx, requests_per_case, fixed, fp8_cache)
         case.plant, case.poison = plant, poison
         verdict = run_case(case, models)
         verdicts.append(verdict)
