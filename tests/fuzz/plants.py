@@ -2,7 +2,8 @@
 
 - ``skip-row``: the first row of every chunk of every group is neither stored nor loaded (slot -1): the block
   keeps whatever it held before the load, right by chance where its previous owner had the same prefix.
-- ``window-off-by-one``: a sliding-window group keeps one row fewer at the start of its window.
+- ``window-off-by-one``: a sliding-window group's part of a chunk ends one row short (its last row, which every
+  query after the chunk reads, is neither stored nor loaded).
 - ``stale-after-preemption``: once vLLM preempts a request, the worker goes on writing into the blocks it held
   at every later step (as a load still in flight would), after vLLM handed them to other requests.
 """
@@ -32,7 +33,7 @@ def _window_off_by_one() -> None:
 
     def rows(self: Any, group: Any, start: int, end: int) -> tuple[int, int]:
         first, count = original(self, group, start, end)
-        return (first + 1, count - 1) if count > 1 else (first, count)
+        return (first, count - 1) if count > 1 else (first, count)
 
     group_kinds.SlidingWindow.rows = rows  # type: ignore[method-assign]
 

@@ -3,7 +3,7 @@ rows (a prompt back after others reused its blocks, a branch off a shared docume
 chunk edges, a concurrent batch that outgrows a tight KV cache so vLLM preempts a request it loaded, a request
 its client aborts while its load is in flight), on a sliding-window hybrid with vLLM's hybrid manager on and
 loads while requests wait, compared with a reference that stored nothing; the same workload with a sliding
-window's first row dropped, with every chunk's first row neither stored nor loaded under poisoned blocks, and
+window part's last row dropped, with every chunk's first row neither stored nor loaded under poisoned blocks, and
 with writes into a preempted request's blocks after vLLM handed them on, must fail the same oracle.
 
 ``make fuzz`` runs the random search (``tests/fuzz/run.py``); this slice keeps its oracle honest in CI.
