@@ -89,7 +89,9 @@ def activate() -> Activation:
         # Only now: wrapt runs the hook at once when vLLM's factory is already imported, and the hook acts
         # only for an activated state (registering first lost our names whenever vLLM was imported first).
         wrapt.register_post_import_hook(_register_connectors, VLLM_FACTORY)
-        logger.info("lmcache_platforms activated: %s", summary(state))
+        # Quiet in a process that never builds a vLLM engine (a script, the command-line tool): the summary goes
+        # out at INFO with the connectors' registration below, where vLLM imports its factory.
+        logger.debug("lmcache_platforms activated: %s", summary(state))
         return state
 
 
@@ -118,7 +120,7 @@ def _register_connectors(_factory_module: Any) -> None:
         logger.error("lmcache_platforms could not register its vLLM connectors: %s", state.connectors["detail"])
         return
     state.connectors = {"state": "registered", "names": list(names)}
-    logger.info("lmcache_platforms registered vLLM connectors: %s", ", ".join(names))
+    logger.info("lmcache_platforms activated, vLLM connectors registered: %s (%s)", ", ".join(names), summary(state))
 
 
 def summary(state: Activation) -> str:

@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     from lmcache_platforms.kernels.registry import BackendUnavailable
     from lmcache_platforms.layout import LayoutError
 
+    if args.local_disk is not None and os.path.exists(args.local_disk) and not os.path.isdir(args.local_disk):
+        print(f"lmcache-platforms selftest: --local-disk {args.local_disk}: not a folder (LMCache keeps one file "
+              "per chunk in it; give a folder, made if missing)", file=sys.stderr)
+        return 2
     try:
         settings = PlatformSettings.load()
         result = selftest(args.layout, args.mode or settings.mode, args.backend or settings.kernel_backend,

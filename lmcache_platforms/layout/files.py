@@ -27,6 +27,9 @@ def example_path(name: str) -> Path:
 def load_layout_spec(path_or_name: str | os.PathLike[str]) -> LayoutSpec:
     """Read a layout file, or a shipped example by name; LayoutError names the file and the bad value."""
     path = Path(path_or_name)
+    if path.is_dir():
+        raise LayoutError(f"{path_or_name}: a folder, not a layout file (give a layout JSON file, or an example: "
+                          f"{', '.join(example_names())})")
     if not path.is_file():
         if str(path_or_name) not in example_names():
             raise LayoutError(f"{path_or_name}: no such layout file or example "

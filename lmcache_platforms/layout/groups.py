@@ -76,6 +76,21 @@ def is_saved(
     return not looks_like_state(group, state_markers)
 
 
+def check_group_lists(groups: Sequence[KVGroup], save_groups: Sequence[str], skip_groups: Sequence[str]) -> None:
+    """Refuse a ``platforms.save_groups``/``skip_groups`` entry that names no group of this model, or a group both
+    lists name: either would otherwise be ignored without a word (the deny list wins over the allow list)."""
+    known = ", ".join(g.describe() for g in groups)
+    for key, names in (("platforms.save_groups", save_groups), ("platforms.skip_groups", skip_groups)):
+        for name in names:
+            if not any(_matches(g, (name,)) for g in groups):
+                raise LayoutError(f"{key}: {name!r} names no group of this model (a group index or spec class "
+                                  f"name; groups: {known})")
+    for group in groups:
+        if _matches(group, save_groups) and _matches(group, skip_groups):
+            raise LayoutError(f"{group.describe()} is in both platforms.save_groups and platforms.skip_groups: "
+                              "name it in one")
+
+
 def saved_indices(
     groups: Sequence[KVGroup],
     state_markers: Sequence[str] = ("State",),
@@ -83,6 +98,7 @@ def saved_indices(
     skip_groups: Sequence[str] = (),
 ) -> tuple[int, ...]:
     """Indices of the groups ``is_saved`` keeps: the decision for layouts that come without vLLM's specs."""
+    check_group_lists(groups, save_groups, skip_groups)
     return tuple(g.index for g in groups if is_saved(g, state_markers, save_groups, skip_groups))
 
 

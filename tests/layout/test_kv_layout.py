@@ -92,9 +92,24 @@ def test_state_groups_are_skipped_by_default():
 def test_save_and_skip_lists_match_index_or_spec_name():
     assert [tg.group for tg in small_layout(save_groups=("MambaStateSpec", "3")).transfer_groups] == [0, 1, 2, 3]
     assert [tg.group for tg in small_layout(skip_groups=("FullAttentionSpec", "1")).transfer_groups] == []
-    both = small_layout(save_groups=("2",), skip_groups=("MambaStateSpec",))
-    assert [tg.group for tg in both.transfer_groups] == [0, 1]
     assert [tg.group for tg in small_layout(state_markers=("Full",)).transfer_groups] == [1, 2]
+
+
+def test_a_group_in_both_lists_is_refused_not_skipped():
+    with pytest.raises(LayoutError) as caught:
+        small_layout(save_groups=("2",), skip_groups=("MambaStateSpec",))
+    assert str(caught.value) == ("group 2 (MambaStateSpec) is in both platforms.save_groups and "
+                                 "platforms.skip_groups: name it in one")
+
+
+@pytest.mark.parametrize(("rules", "key", "name"), [({"skip_groups": ("9",)}, "skip_groups", "9"),
+                                                    ({"save_groups": ("0", "MambaSpec")}, "save_groups", "MambaSpec")])
+def test_a_group_list_entry_naming_no_group_is_refused(rules, key, name):
+    with pytest.raises(LayoutError) as caught:
+        small_layout(**rules)
+    assert str(caught.value) == (f"platforms.{key}: {name!r} names no group of this model (a group index or spec "
+                                 "class name; groups: group 0 (FullAttentionSpec), group 1, group 2 (MambaStateSpec), "
+                                 "group 3)")
 
 
 def test_layer_names_are_filled_in_and_group_lookup():

@@ -17,7 +17,7 @@ from typing import Any
 
 from lmcache_platforms.config import PlatformSettings
 from lmcache_platforms.integration.vllm.recurrent import is_recurrent, snapshot_problem
-from lmcache_platforms.layout.groups import KVGroup, is_saved
+from lmcache_platforms.layout.groups import KVGroup, check_group_lists, is_saved
 from lmcache_platforms.layout.kv_layout import saves_whole_chunks
 
 
@@ -189,6 +189,7 @@ def plan_groups(kv_cache_groups: Sequence[Any], settings: PlatformSettings, chun
             skipped[index] = "not prefix-cacheable: vLLM resumes a prefix without it"
         else:
             saved.append(index)
+    check_group_lists(groups, settings.save_groups, settings.skip_groups)
     return GroupPlan(tuple(groups), tuple(saved), skipped, unrestorable)
 
 
