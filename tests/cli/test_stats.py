@@ -23,8 +23,59 @@ from lmcache_platforms.integration.vllm import stats as connector_stats
 DATA = Path(__file__).parent / "data"
 
 
+# What the captured server did (tests/serving/test_readme_serving.py): 3 prompts of 264, 269 and 273 tokens, each
+# asked cold (stored: one 256-token chunk each), then warm after vLLM's prefix cache was reset (loaded from
+# LMCache's CPU tier: 256 hit tokens each); a chunk object is 328,192 bytes.
+PROMPT_TOKENS = 264 + 269 + 273
+HITS = 3 * 256
+OBJECT_BYTES = 328_192
+CAUSES = ["corrupt", "error", "missing", "timeout", "unregistered"]
+
+
+def page(when: str) -> bytes:
+    return (DATA / f"metrics_after_{when}.txt").read_bytes()
+
+
 def last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
+
+
+def counts_of(when: str) -> dict[str, float]:
+    return stats.totals(page(when).decode(), "captured")
+
+
+def test_since_start_after_the_cold_pass() -> None:
+    figures = stats.figures(counts_of("cold"))
+    assert figures["prompt_tokens"] == PROMPT_TOKENS  # vllm:prompt_tokens only, not ..._by_source
+    assert (figures["hit_tokens"], figures["hit_rate"]) == (0, 0.0)
+    assert (figures["stores"], figures["chunks_stored"], figures["bytes_stored"]) == (3, 3, 3 * OBJECT_BYTES)
+    assert (figures["loads"], figures["bytes_loaded"], figures["load_seconds"]) == (0, 0, 0.0)
+    assert (figures["load_ms_mean"], figures["load_bytes_per_s"]) == (None, None)  # no load: no time to divide
+    assert figures["loads_failed_by_cause"] == dict.fromkeys(CAUSES, 0) and figures["loads_failed"] == 0
+    assert figures["tier_bytes_read"] == {}  # the family appears with its first load
+
+
+def test_since_start_after_the_warm_pass() -> None:
+    counts = counts_of("warm")
+    figures = stats.figures(counts)
+    assert (figures["prompt_tokens"], figures["hit_tokens"]) == (2 * PROMPT_TOKENS, HITS)
+    assert figures["hit_rate"] == HITS / (2 * PROMPT_TOKENS)
+    assert (figures["loads"], figures["chunks_loaded"], figures["bytes_loaded"]) == (3, 3, 3 * OBJECT_BYTES)
+    assert figures["tier_bytes_read"] == {"LocalCPUBackend": 3 * OBJECT_BYTES}
+    assert figures["load_seconds"] == counts["load_seconds_sum"] > 0
+    assert figures["load_ms_mean"] == 1000 * counts["load_seconds_sum"] / 3
+    assert figures["load_bytes_per_s"] == 3 * OBJECT_BYTES / counts["load_seconds_sum"]
+    assert figures["loads_failed_by_cause"] == dict.fromkeys(CAUSES, 0)
+
+
+def test_the_interval_between_the_passes_is_the_warm_pass() -> None:
+    figures = stats.figures(stats.difference(counts_of("warm"), counts_of("cold")))
+    assert (figures["prompt_tokens"], figures["hit_tokens"]) == (PROMPT_TOKENS, HITS)
+    assert figures["hit_rate"] == HITS / PROMPT_TOKENS
+    assert (figures["stores"], figures["bytes_stored"], figures["store_seconds"]) == (0, 0, 0.0)
+    assert (figures["loads"], figures["bytes_loaded"]) == (3, 3 * OBJECT_BYTES)
+    assert figures["tier_bytes_read"] == {"LocalCPUBackend": 3 * OBJECT_BYTES}  # first seen in the later sample
+    assert figures["loads_failed_by_cause"] == dict.fromkeys(CAUSES, 0)
 
 
 def test_the_families_read_are_the_connectors() -> None:
@@ -80,6 +131,33 @@ def serve_pages() -> Iterator:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def test_the_command_over_an_interval(capsys: pytest.CaptureFixture[str], serve_pages) -> None:
+    """Two samples of a server, a short interval apart: the cold pass's page, then the warm pass's."""
+    url = serve_pages(page("cold"), page("warm"))
+    assert main(["stats", url, "--interval", "0.2", "--json"]) == 0
+    result = last_json(capsys.readouterr().out)
+    assert result["url"] == f"{url}/metrics" and result["interval_seconds"] >= 0.2
+    assert result["since_start"] == stats.figures(counts_of("warm"))
+    assert result["interval"] == stats.figures(stats.difference(counts_of("warm"), counts_of("cold")))
+
+
+def test_the_table(capsys: pytest.CaptureFixture[str], serve_pages) -> None:
+    url = serve_pages(page("cold"), page("warm"))
+    assert main(["stats", f"{url}/metrics", "--interval", "0.2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{url}/metrics: LMCache connector, summed over engines and models"
+    assert lines[1].split()[:3] == ["since", "start", "last"]  # "last 0.2 s", or more on a busy machine
+    rows = {}
+    for line in lines[2:]:
+        label, since_start, interval = line.rsplit(maxsplit=2)
+        rows[label.strip()] = [since_start, interval]
+    assert rows["prompt_tokens"] == [str(2 * PROMPT_TOKENS), str(PROMPT_TOKENS)]
+    assert rows["hit_rate"] == ["0.476", "0.953"]  # 768 / 1612, 768 / 806
+    assert rows["store_ms_mean"][1] == "-"  # no store in the interval: no mean
+    assert rows["loads_failed_by_cause: missing"] == ["0", "0"]
+    assert rows["tier_bytes_read: LocalCPUBackend"] == [str(3 * OBJECT_BYTES)] * 2
 
 
 def _free_port() -> int:
