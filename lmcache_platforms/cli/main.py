@@ -8,6 +8,7 @@ import sys
 
 COMMANDS: dict[str, str] = {
     "doctor": "what is installed, activated and usable here",
+    "stats": "a server's connector statistics from /metrics: hit rate, bytes, time, failed loads",
     "plan": "what a layout file transfers per chunk",
     "bench": "transfer speed of a layout against memcpy",
     "selftest": "store and reload a layout through a real LMCacheEngine, bit for bit",

@@ -2,21 +2,25 @@
 ``lmcache.yaml`` in the folder the block runs in, the block run by ``bash`` (a fresh ``vllm serve`` and all it
 spawns, as a user starts it), driven by a real streaming client. The CPU tier the yaml configures serves a hit once
 vLLM's own prefix cache has forgotten the prompts (reset through vLLM's dev route, as eviction would): exactly every
-whole chunk, the same answers; the server stops cleanly on Ctrl-C (SIGINT to the group) and leaves no process
-behind."""
+whole chunk, the same answers, and ``lmcache-platforms stats`` reads those hits and the hit rate from the server's
+``/metrics``; the server stops cleanly on Ctrl-C (SIGINT to the group) and leaves no process behind."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import socket
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from lmcache_platforms.integration.vllm.stats import FAILURE_CAUSES
 from lmcache_platforms.tools.demo.client import Sampling, run_requests
 from lmcache_platforms.tools.demo.model import TINY_MODEL, ensure_model
 from lmcache_platforms.tools.demo.report import expected_hit_tokens
@@ -99,6 +103,14 @@ def _forget_vllms_prefix_cache(base_url: str) -> None:
         assert reply.status == 200
 
 
+def _stats_json(base_url: str) -> dict[str, Any]:
+    """``lmcache-platforms stats URL --json`` run as a user runs it (this checkout's package), its last line."""
+    result = subprocess.run([sys.executable, "-m", "lmcache_platforms.cli.main", "stats", base_url, "--json"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def test_readme_recipe_hits_lmcaches_cpu_tier(tmp_path: Path) -> None:
     if not _port_free(DEFAULT_PORT):
         pytest.fail(f"port {DEFAULT_PORT} is taken: the README's command (vLLM's default port) cannot be tested")
@@ -122,6 +134,7 @@ def test_readme_recipe_hits_lmcaches_cpu_tier(tmp_path: Path) -> None:
         cold = run_requests(server.base_url, prompts, Sampling(max_tokens=8))
         _forget_vllms_prefix_cache(server.base_url)
         warm = run_requests(server.base_url, prompts, Sampling(max_tokens=8))
+        stats = _stats_json(server.base_url)
     log = (tmp_path / "server.log").read_text()
     assert server.stopped_in_time and server.exit_code == 0, log[-3000:]
     assert not server.group_alive()
@@ -132,3 +145,13 @@ def test_readme_recipe_hits_lmcaches_cpu_tier(tmp_path: Path) -> None:
     assert all(hit >= chunk for hit in (r["lmcache_hit_tokens"] for r in warm))
     assert [r["tokens"] for r in warm] == [r["tokens"] for r in cold]
     assert all(len(r["tokens"]) == 8 for r in warm)
+    # `lmcache-platforms stats` read the same server: LMCache's hits are the warm pass's whole chunks, over both
+    # passes' prompt tokens; one store (cold) and one load (warm) per prompt, no failed load.
+    hits = sum(expected_hit_tokens(len(r.tokens), chunk) for r in requests)
+    prompt_tokens = 2 * sum(len(r.tokens) for r in requests)
+    since_start = stats["since_start"]
+    assert (since_start["hit_tokens"], since_start["prompt_tokens"]) == (hits, prompt_tokens), stats
+    assert since_start["hit_rate"] == hits / prompt_tokens
+    assert (since_start["loads"], since_start["stores"]) == (len(requests), len(requests)), stats
+    assert since_start["bytes_loaded"] > 0 and since_start["bytes_stored"] > 0, stats
+    assert since_start["loads_failed_by_cause"] == dict.fromkeys(sorted(FAILURE_CAUSES), 0), stats
