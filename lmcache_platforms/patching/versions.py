@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import importlib.util
+from collections.abc import Mapping
 
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
@@ -15,7 +16,7 @@ class UnsupportedUpstreamVersion(RuntimeError):
 
 
 @functools.cache
-def _packages_distributions() -> dict[str, list[str]]:
+def _packages_distributions() -> Mapping[str, list[str]]:
     """Read every distribution's file list once (a few tenths of a second in a full vLLM environment)."""
     return md.packages_distributions()
 
