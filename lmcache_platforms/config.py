@@ -1,11 +1,14 @@
 """Our settings: read once from LMCache's config (``extra_config``), the environment and vLLM's
 ``kv_connector_extra_config``.
 
-LMCache's own config class cannot take new keys without being rebuilt, so ours live in ``extra_config``
-(yaml ``extra_config:`` section, or ``LMCACHE_EXTRA_CONFIG``). An environment variable, where one exists,
-wins over the config file so one run can be changed without editing it; a ``platforms.*`` key in vLLM's
-``--kv-transfer-config`` ``kv_connector_extra_config`` wins over both, because it is given for this very
-engine. Precedence, highest first: kv_connector_extra_config, environment, extra_config, default.
+LMCache's own config class cannot take new keys without being rebuilt, so ours live in ``extra_config``: the
+``extra_config:`` section of LMCache's yaml (``LMCACHE_CONFIG_FILE``), or ``LMCACHE_EXTRA_CONFIG`` (JSON), which
+LMCache lets replace the yaml's section whole, not merge into it. An environment variable of ours
+(``LMCACHE_PLATFORMS_*``), where one exists, wins over ``extra_config`` so one run can be changed without editing
+the file; a ``platforms.*`` key in vLLM's ``--kv-transfer-config`` ``kv_connector_extra_config`` wins over both,
+because it is given for this very engine. Precedence, highest first: kv_connector_extra_config, environment,
+extra_config, default. ``resolve`` is that rule, with where each value came from (``lmcache-platforms doctor``
+shows it); ``PlatformSettings.load`` keeps the values.
 """
 
 from __future__ import annotations
@@ -103,6 +106,10 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
+_ALLOWED: dict[str, tuple[str, ...]] = {"platforms.mode": MODES, "platforms.load_mode": LOAD_MODES,
+                                         "platforms.chunk_parts": CHUNK_PARTS, "platforms.chunk_rows": CHUNK_ROWS}
+
+
 def _as_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -175,25 +182,52 @@ class PlatformSettings:
         env: Mapping[str, str] | None = None,
         overrides: Mapping[str, Any] | None = None,
     ) -> PlatformSettings:
-        """Every setting from ``overrides`` (vLLM's ``kv_connector_extra_config``; only ``platforms.*`` keys
-        are ours), else the environment, else ``extra_config``, else the default; reject unknown values."""
-        extra = dict(extra_config or {})
-        override = {k: v for k, v in (overrides or {}).items() if k.startswith(SETTINGS_PREFIX)}
-        _check_keys("LMCache's extra_config", extra)
-        _check_keys("vLLM's kv_connector_extra_config", override)
-        environ = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for setting, field in zip(SETTINGS, fields(cls), strict=True):
-            if setting.key in override:
-                raw = override[setting.key]
-            else:
-                raw = environ.get(setting.env, extra.get(setting.key, setting.default))
-            values[field.name] = _convert(setting.key, field.default, raw)
-        for key, allowed in (("mode", MODES), ("load_mode", LOAD_MODES), ("chunk_parts", CHUNK_PARTS),
-                             ("chunk_rows", CHUNK_ROWS)):
-            if values[key] not in allowed:
-                raise ValueError(f"platforms.{key} must be one of {', '.join(allowed)}, got {values[key]!r}")
+        """The values ``resolve`` finds (its precedence and checks)."""
+        values = {field.name: r.value for field, r in zip(fields(cls), resolve(extra_config, env, overrides),
+                                                          strict=True)}
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One setting's effective value and where it came from: ``kv_connector_extra_config``, ``env`` (its
+    variable), the ``extra_config`` source's name, or ``default``."""
+
+    setting: Setting
+    value: Any
+    source: str
+
+
+def resolve(
+    extra_config: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    extra_source: str = "extra_config",
+) -> list[Resolved]:
+    """Every setting from ``overrides`` (vLLM's ``kv_connector_extra_config``; only ``platforms.*`` keys are ours),
+    else the environment, else ``extra_config`` (named ``extra_source`` where it came from), else the default;
+    raise ValueError, naming the key, for a key we do not have or a value a setting cannot take."""
+    extra = dict(extra_config or {})
+    override = {k: v for k, v in (overrides or {}).items() if k.startswith(SETTINGS_PREFIX)}
+    _check_keys("LMCache's extra_config", extra)
+    _check_keys("vLLM's kv_connector_extra_config", override)
+    environ = os.environ if env is None else env
+    resolved = []
+    for setting, field in zip(SETTINGS, fields(PlatformSettings), strict=True):
+        if setting.key in override:
+            raw, source = override[setting.key], "kv_connector_extra_config"
+        elif setting.env in environ:
+            raw, source = environ[setting.env], "env"
+        elif setting.key in extra:
+            raw, source = extra[setting.key], extra_source
+        else:
+            raw, source = setting.default, "default"
+        resolved.append(Resolved(setting, _convert(setting.key, field.default, raw), source))
+    for r in resolved:
+        allowed = _ALLOWED.get(r.setting.key)
+        if allowed is not None and r.value not in allowed:
+            raise ValueError(f"{r.setting.key} must be one of {', '.join(allowed)}, got {r.value!r}")
+    return resolved
 
 
 def connector_settings(lmcache_config: Any, kv_connector_extra_config: Mapping[str, Any] | None) -> PlatformSettings:

@@ -43,8 +43,10 @@ Our keys live in LMCache's `extra_config` (the yaml's `extra_config:` section, o
 the yaml's top level, where LMCache's own keys are. An environment variable, where listed, overrides the file; the
 same `platforms.*` keys in vLLM's `kv_connector_extra_config` (inside `--kv-transfer-config`) override both, because
 they are given for that very engine. Precedence, highest first: `kv_connector_extra_config`, environment,
-`extra_config`, default. A `platforms.*` key we do not have is refused, naming the nearest one, and so is a value
-a setting cannot take.
+`extra_config`, default. `LMCACHE_EXTRA_CONFIG` replaces the yaml's `extra_config:` section whole (LMCache's own
+rule), it is not merged into it. A `platforms.*` key we do not have is refused, naming the nearest one, and so is a
+value a setting cannot take. `lmcache-platforms doctor` shows each setting's value and where it came from
+([command-line tool](cli.md#doctor)).
 
 ```yaml
 chunk_size: 256

@@ -6,20 +6,38 @@ import json
 import os
 import subprocess
 
+import lmcache_platforms
 from lmcache_platforms.cli import doctor
+from lmcache_platforms.config import SETTINGS
 from tests.fork_server import run_module
 
 VERSION_KEYS = {"python", "torch", "lmcache", "vllm", "vllm_ascend", "torch_npu", "ipex", "triton"}
+# Every source a setting can come from, left out of the base environment so each run names its own.
+SOURCE_VARIABLES = {s.env for s in SETTINGS} | {"LMCACHE_CONFIG_FILE", "LMCACHE_EXTRA_CONFIG"}
+UNSET_SEED_WARNING = (
+    "warning: PYTHONHASHSEED is unset: LMCache's chunk keys use Python's hash(), so chunks stored by one process "
+    "miss in another (no hits across restarts or servers); export PYTHONHASHSEED=0 (or any fixed value) for every "
+    "server sharing a store")
 
 
-def _doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return run_module("lmcache_platforms.cli.main", ["doctor", *args], {**os.environ, **env}, timeout=120)
+def _doctor(*args: str, unset: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in SOURCE_VARIABLES and k not in unset}
+    return run_module("lmcache_platforms.cli.main", ["doctor", *args], {**base, **env}, timeout=120)
+
+
+def _settings_lines(stdout: str) -> dict[str, list[str]]:
+    """The report's settings section: key -> [value, source words...]."""
+    lines = stdout.splitlines()
+    start = lines.index("settings:") + 1
+    rows = [line.split() for line in lines[start:] if line.startswith("  ")]
+    return {row[0]: row[1:] for row in rows}
 
 
 def test_json_report_has_the_documented_keys():
-    result = _doctor("--json")
+    result = _doctor("--json", PYTHONHASHSEED="0")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["version"] == lmcache_platforms.__version__
     assert report["activated"] is True
     assert report["platform"] == "cpu"
     assert set(report["versions"]) == VERSION_KEYS
@@ -39,6 +57,12 @@ def test_json_report_has_the_documented_keys():
         engine + "retrieve", engine + "store", engine + "retrieve", engine + "lookup", engine + "lookup",
         engine + "async_lookup_and_prefetch"]
     assert all(set(c) == {"target", "when", "why"} and c["when"] and c["why"] for c in report["instance_changes"])
+    assert list(report["settings"]) == [s.key for s in SETTINGS]
+    assert all(entry["source"] == "default" for entry in report["settings"].values())
+    assert report["settings"]["platforms.state_markers"] == {"value": ["State"], "source": "default"}
+    assert report["settings"]["platforms.load_timeout_s"] == {"value": 10.0, "source": "default"}
+    assert report["settings"]["platforms.poison_loads"] == {"value": False, "source": "default"}
+    assert report["hash_seed"] == {"PYTHONHASHSEED": "0", "fixed": True, "warning": None}
 
 
 def test_kept_upstream_adapter_is_reported_and_left_in_place():
@@ -56,10 +80,76 @@ def test_kept_upstream_adapter_is_reported_and_left_in_place():
 
 
 def test_disabled_activation_is_reported_without_failing():
-    result = _doctor("--json", LMCACHE_PLATFORMS_DISABLE="1")
+    """Also: a random hash seed is a warning in the JSON, not a failure."""
+    result = _doctor("--json", LMCACHE_PLATFORMS_DISABLE="1", PYTHONHASHSEED="random")
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert result.returncode == 0
     assert report["activated"] is False and report["disabled"] is True and report["patches"] == []
+    seed = report["hash_seed"]
+    assert (seed["PYTHONHASHSEED"], seed["fixed"]) == ("random", False)
+    assert seed["warning"].startswith("PYTHONHASHSEED is random: LMCache's chunk keys use Python's hash()")
+
+
+def test_each_setting_shows_its_value_and_source(tmp_path):
+    """One run, every source, each beating the ones below it: kv_connector_extra_config > env > yaml > default."""
+    config = tmp_path / "lmcache.yaml"
+    config.write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\nextra_config:\n"
+                      "  platforms.chunk_rows: tokens\n  platforms.load_mode: async\n  platforms.mode: exploded\n")
+    transfer = {"kv_connector": "LMCachePlatformsConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"platforms.mode": "bundled", "platforms.save_groups": "0,2",
+                                              "lmcache.chunk_size": 16}}
+    result = _doctor("--kv-transfer-config", json.dumps(transfer), PYTHONHASHSEED="0", LMCACHE_CONFIG_FILE=str(config),
+                     LMCACHE_PLATFORMS_LOAD_MODE="sync", LMCACHE_PLATFORMS_DRAIN_TIMEOUT_S="7",
+                     LMCACHE_PLATFORMS_SAVE_GROUPS="1")
+    assert result.returncode == 0, result.stderr
+    settings = _settings_lines(result.stdout)
+    assert list(settings) == [s.key for s in SETTINGS]
+    assert settings["platforms.chunk_rows"] == ["tokens", "yaml", str(config)]
+    assert settings["platforms.load_mode"] == ["sync", "env", "LMCACHE_PLATFORMS_LOAD_MODE"]
+    assert settings["platforms.drain_timeout_s"] == ["7.0", "env", "LMCACHE_PLATFORMS_DRAIN_TIMEOUT_S"]
+    assert settings["platforms.mode"] == ["bundled", "kv_connector_extra_config"]
+    assert settings["platforms.save_groups"] == ["0,2", "kv_connector_extra_config"]
+    assert settings["platforms.skip_groups"] == ["(empty)", "default"]
+    assert settings["platforms.chunk_parts"] == ["window", "default"]
+    # The short report: applied patches only counted, no seed warning with a fixed seed.
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"lmcache_platforms {lmcache_platforms.__version__} (python ")
+    assert any(line.startswith("patches: ") and " applied" in line for line in lines)
+    assert not [line for line in lines if line.startswith("  applied: ")]
+    assert "hash seed: PYTHONHASHSEED=0 (fixed: servers sharing it share chunks)" in lines
+    assert not [line for line in lines if "warning" in line]
+    assert "doctor: importing the patch targets" in result.stderr
+
+
+def test_unset_hash_seed_warns_and_extra_config_variable_is_a_source():
+    """LMCACHE_EXTRA_CONFIG (LMCache's JSON variable) as the extra_config source; -v lists the applied patches."""
+    result = _doctor("-v", unset=("PYTHONHASHSEED",), LMCACHE_EXTRA_CONFIG='{"platforms.chunk_parts": "whole"}')
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert UNSET_SEED_WARNING in lines
+    assert not [line for line in lines if line.startswith("hash seed:")]
+    assert _settings_lines(result.stdout)["platforms.chunk_parts"] == ["whole", "LMCACHE_EXTRA_CONFIG"]
+    assert ("  applied: lmcache.v1.gpu_connector:CreateGPUConnector -> "
+            "lmcache_platforms.connector.factory:wrap_create_gpu_connector") in lines
+
+
+def test_an_invalid_setting_is_one_line_and_exit_1(tmp_path):
+    config = tmp_path / "lmcache.yaml"
+    config.write_text("chunk_size: 256\nextra_config:\n  platforms.chunk_row: tokens\n")
+    cases = [
+        ({"LMCACHE_CONFIG_FILE": str(config)}, [],
+         "unknown setting 'platforms.chunk_row' in LMCache's extra_config; did you mean 'platforms.chunk_rows'?"),
+        ({"LMCACHE_PLATFORMS_LOAD_TIMEOUT_S": "-1"}, [], "platforms.load_timeout_s must be >= 0, got '-1'"),
+        ({}, ["--kv-transfer-config", '{"kv_connector_extra_config": {"platforms.mode": "flat"}}'],
+         "platforms.mode must be one of bundled, exploded, got 'flat'"),
+    ]
+    for env, args, reason in cases:
+        result = _doctor(*args, **env)
+        assert result.returncode == 1, (env, args, result.stderr)
+        assert result.stdout == ""
+        assert [line for line in result.stderr.splitlines() if line.startswith("doctor: ")
+                and not line.endswith("...")] == [f"doctor: invalid settings: {reason}"]
+        assert "Traceback" not in result.stderr
 
 
 def test_failed_patch_or_activation_error_means_exit_1():
@@ -93,4 +183,4 @@ def test_a_platform_that_cannot_be_used_exits_1():
     assert result.returncode == 1
     assert "doctor: activation failed: PlatformError: unknown platform 'tpu'; known: npu, xpu, cuda, cpu" in \
         result.stderr.splitlines()
-    assert result.stdout.startswith("activated: False   platform: unknown")
+    assert result.stdout.splitlines()[1] == "activated: no   platform: unknown"
