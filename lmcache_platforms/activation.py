@@ -132,6 +132,16 @@ def summary(state: Activation) -> str:
     return f"platform={state.platform}; patches: {patches}; vLLM connectors: {state.connectors['state']}"
 
 
+def describe() -> str:
+    """This process's activation in one line, as its summary is logged."""
+    with _lock:
+        if _state is None:
+            return "not attempted"
+        if _state.disabled:
+            return f"disabled by {DISABLE_ENV}=1"
+        return summary(_state) if _state.activated else f"failed: {_state.error}"
+
+
 def status() -> dict[str, Any]:
     """What activation did in this process (activating first if nobody has)."""
     with _lock:

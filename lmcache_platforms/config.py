@@ -17,13 +17,17 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 MODES = ("bundled", "exploded")
 LOAD_MODES = ("async", "sync")
 CHUNK_PARTS = ("window", "whole")
 CHUNK_ROWS = ("blocks", "tokens")
 SETTINGS_PREFIX = "platforms."
+CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"  # LMCache's yaml
 
 
 @dataclass(frozen=True)
@@ -119,13 +123,32 @@ def _as_list(value: Any) -> tuple[str, ...]:
 
 
 def _check_keys(source: str, keys: Iterable[str]) -> None:
-    """Refuse a ``platforms.*`` key we do not have, naming the nearest one: a typo must not be ignored."""
+    """Refuse a ``platforms.*`` key we do not have, or another key a typo away from one of ours (``platform.``,
+    ``platfroms.``), naming the nearest: a typo must not be ignored. Other keys belong to others."""
     known = [s.key for s in SETTINGS]
     for key in keys:
-        if key.startswith(SETTINGS_PREFIX) and key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
+        if key in known:
+            continue
+        ours = key.startswith(SETTINGS_PREFIX)
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.6 if ours else 0.85)
+        if ours or near:
             hint = f"; did you mean {near[0]!r}?" if near else f"; known keys: {', '.join(known)}"
             raise ValueError(f"unknown setting {key!r} in {source}{hint}")
+
+
+def check_config_file(path: str | None) -> None:
+    """Refuse one of our keys at the top level of LMCache's yaml (``LMCACHE_CONFIG_FILE``): LMCache warns about a
+    key it does not know and drops it, so the setting would not apply. An unreadable file is LMCache's to report."""
+    if not path:
+        return
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return
+    for key in data if isinstance(data, dict) else ():
+        if isinstance(key, str) and key.startswith(SETTINGS_PREFIX):
+            raise ValueError(f"{key!r} is at the top level of {path}, where LMCache ignores it: our settings go "
+                             f"under extra_config (extra_config: {{{key}: {data[key]}}})")
 
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
@@ -234,4 +257,5 @@ def connector_settings(lmcache_config: Any, kv_connector_extra_config: Mapping[s
     """Settings of one engine from LMCache's config object and vLLM's ``kv_connector_extra_config`` (None
     outside vLLM). The GPU connector and the vLLM engine impl must both read them this way, or a key given
     to vLLM would reach one and not the other."""
+    check_config_file(os.environ.get(CONFIG_FILE_ENV))
     return PlatformSettings.load(getattr(lmcache_config, "extra_config", None), overrides=kv_connector_extra_config)

@@ -37,6 +37,16 @@ from lmcache_platforms.tools.copy_reference import best_copy, best_of_rounds, co
 GIB = 1e9
 
 
+# The options each of the three benchmarks reads (``--json`` is everyone's): one given to another is refused,
+# not ignored (``--engine --layout gemma3`` wrote 681 MB of weights for an engine bench nobody asked for).
+BENCH_OPTIONS = {
+    "--layout": ("layout", "backend", "chunks", "mode", "device", "repeats", "seed"),
+    "--engine": ("engine", "model", "full_attention_every", "tokens", "requests", "chunk_size", "tiers", "modes",
+                 "kv_events", "checksum_cost", "workdir"),
+    "--servers": ("servers", "model", "tokens", "chunk_size", "groups", "rounds", "concurrency", "workdir"),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", help="layout file, or the name of a shipped example")
     engine = parser.add_argument_group("inside a real engine (--engine, instead of --layout)")
@@ -84,6 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object as the last line instead of the table (what scripts read)")
+    dests = {dest for dests in BENCH_OPTIONS.values() for dest in dests}
+    parser.set_defaults(bench_defaults={dest: parser.get_default(dest) for dest in sorted(dests)})
 
 
 def _fail(message: str) -> int:
@@ -566,13 +578,34 @@ def run_scale_out(args: argparse.Namespace) -> int:
     return run_in_workdir(args.workdir, False, "lmcache-platforms-bench-", print, body)
 
 
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def misplaced(args: argparse.Namespace, defaults: dict[str, object]) -> str | None:
+    """Why these options do not make one benchmark: none or several of --layout, --engine, --servers, or an
+    option the chosen one does not read (``defaults``: the parser's, an option left at its default is not
+    given)."""
+    chosen = [name for name in BENCH_OPTIONS if getattr(args, name[2:]) not in (None, False)]
+    if len(chosen) != 1:
+        given = f" (got {' and '.join(chosen)})" if chosen else ""
+        return f"give one of --layout (a layout file or shipped example), --engine or --servers{given}"
+    mine = BENCH_OPTIONS[chosen[0]]
+    for dest, default in defaults.items():
+        if dest not in mine and dest != "json" and getattr(args, dest) != default:
+            owners = [name for name, dests in BENCH_OPTIONS.items() if dest in dests]
+            return (f"{_option(dest)} is an option of {' and '.join(owners)}, not of {chosen[0]}: it would be "
+                    "ignored")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    if problem := misplaced(args, args.bench_defaults):
+        return _fail(problem)
     if args.engine:
         return run_engine(args)
     if args.servers is not None:
         return run_scale_out(args)
-    if not args.layout:
-        return _fail("give --layout (a layout file or shipped example) or --engine")
     if args.repeats < 1:
         return _fail(f"--repeats must be at least 1, got {args.repeats}")
     if args.chunks is not None and args.chunks < 1:

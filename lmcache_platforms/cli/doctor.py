@@ -34,7 +34,6 @@ VERSIONED = {
 }
 
 UPSTREAM_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"
-CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
 EXTRA_CONFIG_ENV = "LMCACHE_EXTRA_CONFIG"
 HASH_SEED_ENV = "PYTHONHASHSEED"
 
@@ -78,7 +77,10 @@ def _lmcache_extra_config() -> tuple[Mapping[str, Any] | None, str]:
         return None, source
     from lmcache.v1.config import LMCacheEngineConfig
 
+    from lmcache_platforms.config import CONFIG_FILE_ENV, check_config_file
+
     path = os.environ.get(CONFIG_FILE_ENV)
+    check_config_file(path)
     config = LMCacheEngineConfig.from_file(path).update_config_from_env() if path else LMCacheEngineConfig.from_env()
     return config.extra_config, source
 
@@ -167,7 +169,7 @@ def _value_text(value: Any) -> str:
 
 
 def _source_text(key: str, source: str) -> str:
-    from lmcache_platforms.config import SETTINGS
+    from lmcache_platforms.config import CONFIG_FILE_ENV, SETTINGS
 
     if source == "env":
         return f"env {next(s.env for s in SETTINGS if s.key == key)}"

@@ -12,12 +12,15 @@ from pathlib import Path
 def run_in_workdir(workdir: Path | None, keep: bool, prefix: str, progress: Callable[[str], None],
                    body: Callable[[Path], list[str]]) -> int:
     """``body(folder)`` returns the problems it found; exit code 1 if any (or if it raised), else 0. A temporary
-    folder is removed after a clean run unless ``keep``; otherwise its path is printed."""
+    folder is removed after a clean or interrupted run unless ``keep``; otherwise its path is printed."""
     temporary = workdir is None
     folder = workdir or Path(tempfile.mkdtemp(prefix=prefix))
     found = ["not finished"]
     try:
         found = body(folder)
+    except KeyboardInterrupt:
+        found = []  # stopped by the user (Ctrl-C, SIGTERM): nothing to read, the folder goes
+        raise
     finally:
         if temporary and not found and not keep:
             shutil.rmtree(folder, ignore_errors=True)

@@ -47,7 +47,7 @@ def run(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "give --layout (a layout file or shipped example) or --engine"),
+    ([], "give one of --layout (a layout file or shipped example), --engine or --servers"),
     (["--engine", "--tokens", "64"], "--engine needs --tokens >= --chunk-size and --requests >= 1, got 64, 256, 3"),
     (["--engine", "--tiers", "cpu,tape"],
      "--tiers takes a comma list of cpu, disk, fs, redis, redis-cluster, vllm, got 'cpu,tape'"),
