@@ -120,7 +120,7 @@ def _register_connectors(_factory_module: Any) -> None:
         logger.error("lmcache_platforms could not register its vLLM connectors: %s", state.connectors["detail"])
         return
     state.connectors = {"state": "registered", "names": list(names)}
-    logger.info("lmcache_platforms activated, vLLM connectors registered: %s (%s)", ", ".join(names), summary(state))
+    logger.info("lmcache_platforms activated: %s", summary(state))
 
 
 def summary(state: Activation) -> str:
@@ -129,7 +129,9 @@ def summary(state: Activation) -> str:
     for entry in state.registry.report() if state.registry else []:
         counts[entry["state"]] = counts.get(entry["state"], 0) + 1
     patches = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none declared"
-    return f"platform={state.platform}; patches: {patches}; vLLM connectors: {state.connectors['state']}"
+    names = ", ".join(state.connectors.get("names", ()))
+    return (f"platform={state.platform}; patches: {patches}; vLLM connectors: {state.connectors['state']}"
+            + (f" ({names})" if names else ""))
 
 
 def describe() -> str:

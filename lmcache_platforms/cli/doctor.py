@@ -1,10 +1,12 @@
 """Report what is installed, the settings in force and where each comes from, which patches are applied, which
 kernel backends and platforms are usable, and whether the hash seed lets servers share chunks.
 
-Doctor proves in this process what a server would meet: it imports vLLM's connector factory (so the factory shows
-our names) and every upstream module the patch catalog targets (so each patch is really applied, or fails).
-Those imports (torch, transformers, vLLM, LMCache) are nearly all of its time, so each step is announced on
-stderr as it starts. Settings are read first: an invalid one ends doctor at once with its one-line reason.
+By default doctor answers in a few seconds from what activation found (versions, platform, settings, each patch
+pending until its module is imported). ``--deep`` proves in this process what a server would meet: it imports
+vLLM's connector factory (so the factory shows our names) and every upstream module the patch catalog targets
+(so each patch is really applied, or fails). Those imports (transformers, vLLM, LMCache) take ten seconds and
+more, so each step is announced on stderr as it starts. Settings are read first: an invalid one ends doctor at
+once with its one-line reason.
 
 Exit 1, with the reason, when a setting is invalid, activation failed, an applicable patch failed, or an LMCache
 engine of this process runs in upstream's silent "degraded mode" (``lmcache_platforms.status()`` carries the same).
@@ -49,6 +51,9 @@ def adapter_in_effect(patches: list[dict[str, Any]]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--deep", action="store_true",
+                        help="import vLLM's connector factory and every patch target here, proving each patch "
+                             "applies and our connector names register (ten seconds and more)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="list every patch, every method replaced on live LMCache objects, and why each "
                              "platform or kernel backend is not usable")
@@ -108,9 +113,9 @@ def _step(what: str, started: float) -> None:
     print(f"doctor: {what} ({time.monotonic() - started:.1f} s)...", file=sys.stderr, flush=True)
 
 
-def collect(started: float) -> dict[str, Any]:
-    """Everything doctor reports but the settings and the hash seed, as one JSON-ready dict; imports vLLM's
-    connector factory, then every patch target (steps announced on stderr)."""
+def collect(started: float, deep: bool = True) -> dict[str, Any]:
+    """Everything doctor reports but the settings and the hash seed, as one JSON-ready dict; ``deep``: after
+    importing vLLM's connector factory, then every patch target (steps announced on stderr)."""
     import lmcache_platforms
     from lmcache_platforms.connector.instance_adapter import INSTANCE_CHANGES
     from lmcache_platforms.kernels.registry import describe_backends, preferred_backend
@@ -118,7 +123,7 @@ def collect(started: float) -> dict[str, Any]:
     from lmcache_platforms.platforms.detect import describe_platforms
 
     registry = lmcache_platforms.activation.current_registry()
-    if registry is not None:
+    if registry is not None and deep:
         if importlib.util.find_spec("vllm") is not None:  # our names are registered once its factory is imported
             _step("importing vLLM's connector factory", started)
             importlib.import_module(lmcache_platforms.activation.VLLM_FACTORY)
@@ -195,9 +200,10 @@ def _print_text(report: dict[str, Any], verbose: bool) -> None:
     for p in report["patches"]:
         state = p["detail"].split(":", 1)[0]
         counts[state] = counts.get(state, 0) + 1
-    print("patches: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    print("patches: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none")
+          + (" (each applies when its module is imported; --deep imports them here)" if "pending" in counts else ""))
     for p in report["patches"]:
-        if verbose or not p["applied"]:
+        if verbose or not (p["applied"] or p["detail"].startswith("pending")):
             state, detail = p["detail"].split(": ", 1)
             print(f"  {state}: {detail}" if p["applied"] else f"  {state}: {p['target']}: {detail}")
     print(f"methods replaced on live LMCache objects: {len(report['instance_changes'])}"
@@ -208,7 +214,9 @@ def _print_text(report: dict[str, Any], verbose: bool) -> None:
     connectors = report["connectors"]
     print(f"vLLM connectors: {connectors['state']}"
           + (f": {', '.join(connectors['names'])}" if connectors.get("names") else "")
-          + (f" ({connectors['detail']})" if connectors.get("detail") else ""))
+          + (f" ({connectors['detail']})" if connectors.get("detail") else "")
+          + (" (registered when vLLM imports its connector factory; --deep imports it)"
+             if connectors["state"] == "waiting for vLLM" else ""))
     print(f"upstream adapter: {report['upstream_adapter']}")
     print("LMCache engines: " + ("; ".join(
         f"{e['role']} {'DEGRADED' if e['degraded'] else 'ok'} ({e['stage']}: {e['reason']})" for e in report["engines"])
@@ -235,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - any invalid setting (ours or LMCache's) is one line, not a traceback
         print(f"doctor: invalid settings: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    report = {**collect(started), "settings": resolved, "hash_seed": hash_seed(os.environ)}
+    report = {**collect(started, args.deep), "settings": resolved, "hash_seed": hash_seed(os.environ)}
     found = problems(report)
     print(f"doctor: done ({time.monotonic() - started:.1f} s)", file=sys.stderr)
     if args.json:
