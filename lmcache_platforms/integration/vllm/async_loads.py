@@ -199,6 +199,11 @@ class AsyncLoads:
                     results.causes[req_id] = entry.guard.cause or "missing"
         return results
 
+    def holds(self, req_id: str) -> bool:
+        """Whether a load of ``req_id`` has not been reported yet (it may still read what its lookup pinned)."""
+        with self._lock:
+            return req_id in self._loads
+
     @property
     def in_flight(self) -> int:
         with self._lock:

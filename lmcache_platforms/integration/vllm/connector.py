@@ -94,7 +94,7 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """vLLM before 0.32 (no ``get_transfer_results``): loads that waited and ended, failures not told apart
         (on such a vLLM loads never wait, see ``MultiGroupConnectorImpl.waits_for_loads``)."""
-        results = self._impl.get_transfer_results()
+        results = self._impl.get_transfer_results(finished_req_ids)
         return None, results.finished or None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
@@ -102,7 +102,7 @@ class LMCachePlatformsConnector(KVConnectorBase_V1, SupportsHMA):
         ``finished_recving`` and ``failed_recving``, so vLLM recomputes or fails that request alone."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
-        results = self._impl.get_transfer_results()
+        results = self._impl.get_transfer_results(finished_req_ids)
         return KVConnectorTransferResults(finished_recving=results.finished, failed_recving=results.failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:

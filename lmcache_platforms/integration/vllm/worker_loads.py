@@ -259,8 +259,28 @@ class WorkerLoads(ImplState):
                 f"failed_recving); tokens [{first}, {num_tokens}) never arrived")
         self._invalid_block_ids.update(request.failed_blocks(first, num_tokens))
 
-    def get_transfer_results(self) -> LoadResults:
-        """Wait-state loads that ended since the last step (failed ones are also in ``finished``)."""
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Upstream's contract, called by the upstream connector names each step: nothing to report (their loads
+        run in the step), finished requests' pins released (``release_finished``)."""
+        self.release_finished(finished_req_ids)
+        return None, None
+
+    def release_finished(self, finished_req_ids: set[str]) -> None:
+        """Unpin what finished requests' lookups still hold. Upstream unpins a request's chunks only in a step
+        that schedules it, so a request that ended without one (its client aborted it while it waited for
+        blocks) kept them pinned for ever: found by the fuzzer under a tight KV cache. A request whose
+        wait-state load is not reported yet keeps them; that load's end releases them."""
+        engine = self.lmcache_engine
+        if engine is None:
+            return
+        for req_id in finished_req_ids:
+            if not self.loads.holds(req_id):
+                engine.lookup_unpin(req_id)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> LoadResults:
+        """Wait-state loads that ended since the last step (failed ones are also in ``finished``); finished
+        requests' pins released (``release_finished``)."""
+        self.release_finished(finished_req_ids)
         results = self.loads.poll()
         for cause in results.causes.values():
             self.stats.failed_load(cause)
