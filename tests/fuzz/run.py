@@ -79,6 +79,16 @@ def resume_rounds_otherwise() -> bool:
     return _get_attn_isa(torch.bfloat16, 128, 64, "auto") != "amx"
 
 
+def resumed_bound(model: str) -> float:
+    """The drift a resumed request may show: the model's own (``RESUMES_OTHERWISE``), plus ``DRIFT_ULPS`` where
+    the attention resumes otherwise too (LFM2 on vLLM's ``vec`` path: 6 units seen, the same with unpoisoned
+    blocks and in a consumer that loaded every chunk from Redis)."""
+    own = RESUMES_OTHERWISE.get(model)
+    if own is None:
+        return DRIFT_ULPS
+    return own + DRIFT_ULPS if resume_rounds_otherwise() else own
+
+
 def pages_only() -> bool:
     """Whether vLLM's CPU attention keeps bf16 caches in AMX tiles here (rows then move only in whole blocks)."""
     import torch
@@ -179,7 +189,7 @@ def compare(case: Case, reference: dict[str, Any], run: dict[str, Any], prestore
         otherwise = case.settings["model"] in RESUMES_OTHERWISE or resume_rounds_otherwise()
         resumed = otherwise and hit + counts["vllm"] > 0
         shaped_otherwise = (len(batch) > 1 and hit > 0) or one_token or resumed
-        bound = RESUMES_OTHERWISE.get(case.settings["model"], DRIFT_ULPS) if resumed else DRIFT_ULPS
+        bound = resumed_bound(case.settings["model"]) if resumed else DRIFT_ULPS
         case.one_token += one_token
         case.incomparable += len(batch) if len(batch) > 1 and hit else 0
         for position in range(len(batch)):
