@@ -81,7 +81,7 @@ EXPECTED_SECONDS = {
     "tests/serving/test_readme_serving.py": 85,
     "tests/delivery/test_examples.py": 140,
     "tests/fuzz/test_fuzz_slice.py": 100,
-    "tests/fuzz/test_first_repro.py": 75,
+    "tests/fuzz/test_first_repro.py": 110,
     "tests/upstream_fixes/test_patch_files.py": 45,
     "tests/connector/test_engine_round_trip.py": 75,
     "tests/integration/test_upstream_names_inprocess.py": 60,

@@ -15,7 +15,7 @@ import random
 import pytest
 
 from tests.fuzz.cases import DIMENSIONS, Case
-from tests.fuzz.run import judge, model_dirs, pages_only, run_passes
+from tests.fuzz.run import Result, judge, model_dirs, pages_only, run_passes
 
 pytestmark = pytest.mark.slow
 
@@ -43,20 +43,47 @@ def repro_case(connector: str, hma: bool) -> Case:
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, tuple[Case, list[str]]]:
+def verdicts() -> dict[str, tuple[Case, list[str], Result]]:
     model = model_dirs(names=("hybrid",))["hybrid"]
-    found: dict[str, tuple[Case, list[str]]] = {}
+    found: dict[str, tuple[Case, list[str], Result]] = {}
     for hma in (False, True):
         cases = {name: repro_case(*variant) for name, variant in VARIANTS.items() if variant[1] is hma}
         reference, passes, _ = run_passes(list(cases.values()), model)
-        found |= {name: (case, judge(case, reference, result))
+        found |= {name: (case, judge(case, reference, result), result["case"])
                   for (name, case), result in zip(cases.items(), passes, strict=True)}
+    return found
+
+
+@pytest.fixture(scope="module")
+def prefix_cached() -> dict[bool, Result]:
+    """Per side of the hybrid manager, vLLM's own prefix cache on the same workload, nothing stored or loaded
+    (the reference pass of a case with prefix caching on): it resumes B and A again after 512 cached tokens, as
+    LMCache's four whole chunks do."""
+    model = model_dirs(names=("hybrid",))["hybrid"]
+    found: dict[bool, Result] = {}
+    for hma in (False, True):
+        case = repro_case("LMCachePlatformsConnector", hma)
+        case.settings["prefix_caching"] = True
+        found[hma] = run_passes([case], model)[0]
     return found
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_first_repro_answers_as_a_reference_that_stored_nothing(verdicts, variant: str) -> None:
-    case, problems = verdicts[variant]
+    """Bit for bit where vLLM's CPU attention resumes a prefill in the same arithmetic as a cold one (its AMX
+    path); elsewhere a resumed request is held to the oracle's drift bound (``resume_rounds_otherwise``)."""
+    case, problems, _ = verdicts[variant]
     assert problems == []
     assert case.hit_tokens == 2 * 512  # B and A again: the document's four whole chunks each
 
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_first_repro_answers_as_vllms_own_prefix_cache(verdicts, prefix_cached, variant: str) -> None:
+    """Bit for bit on every CPU: the same resumes from vLLM's own prefix cache give the same bytes (tokens and
+    top logprobs of all 16 generated tokens)."""
+    case, _, answers = verdicts[variant]
+    own = prefix_cached[case.settings["hma"]]
+    assert isinstance(own, dict) and isinstance(answers, dict), (own, answers)
+    assert [a["batch_hits"]["vllm"] for a in own["answers"]] == [0, 512, 0, 0, 512]
+    assert [(a["tokens"], a["logprobs"]) for a in answers["answers"]] == [
+        (a["tokens"], a["logprobs"]) for a in own["answers"]]
