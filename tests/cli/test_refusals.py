@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_PLATFORMS_")}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("LMCACHE_PLATFORMS_") and k != "LMCACHE_LOG_LEVEL"}  # in-process runs set it
     return run_module("lmcache_platforms.cli.main", list(argv), {**base, **env}, timeout=120)
 
 
