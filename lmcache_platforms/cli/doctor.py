@@ -117,7 +117,7 @@ def collect(started: float, deep: bool = True) -> dict[str, Any]:
     """Everything doctor reports but the settings and the hash seed, as one JSON-ready dict; ``deep``: after
     importing vLLM's connector factory, then every patch target (steps announced on stderr)."""
     import lmcache_platforms
-    from lmcache_platforms.connector.instance_adapter import INSTANCE_CHANGES
+    from lmcache_platforms.connector.instance_changes import INSTANCE_CHANGES
     from lmcache_platforms.kernels.registry import describe_backends, preferred_backend
     from lmcache_platforms.patching.versions import installed_version
     from lmcache_platforms.platforms.detect import describe_platforms

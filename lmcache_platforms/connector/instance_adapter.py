@@ -13,10 +13,11 @@ instead, because they carry that instance's own state:
 - the engine's lookups carry the layout's key tags: they come from vLLM's scheduler (another process, which
   never sees the KV tensors) through LMCache's lookup server, with the scheduler's request configs.
 
-``INSTANCE_CHANGES`` declares them (``doctor`` lists them; ``patching.upstream_names`` checks each name exists
-in the pinned LMCache). ``adapt_engine`` is the one place an engine's methods are replaced: its first call keeps
-the instance's own methods, and every call builds the whole chain again from those (verified retrieve innermost,
-then the parts, then the key tags), so a second call, or one with other parts or tags, never wraps a wrapper.
+``INSTANCE_CHANGES`` (``instance_changes``) declares them (``doctor`` lists them; ``patching.upstream_names`` checks
+each name exists in the pinned LMCache). ``adapt_engine`` is the one place an engine's methods are replaced: its
+first call keeps the instance's own methods, and every call builds the whole chain again from those (verified
+retrieve innermost, then the parts, then the key tags), so a second call, or one with other parts or tags, never
+wraps a wrapper.
 
 Which part a call moves reaches the metadata and the GPU connector through ``parts.active_part`` (a context
 variable): LMCache's own calls in between carry no argument for it.
@@ -26,42 +27,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lmcache_platforms.connector.chunk_format import ChunkFormat
+from lmcache_platforms.connector.instance_changes import (
+    ENGINE,
+    INSTANCE_CHANGES,
+    METADATA_METHODS,
+    TAGGED_METHODS,
+)
 from lmcache_platforms.connector.parts import current_part, parts_methods
 from lmcache_platforms.connector.verified_loads import verified_retrieve
 from lmcache_platforms.layout.parts import ChunkPart
 
-ENGINE = "lmcache.v1.cache_engine:LMCacheEngine"
-METADATA = "lmcache.v1.metadata:LMCacheMetadata"
-_METADATA_METHODS = ("get_shapes", "get_dtypes", "get_num_groups")
-_TAGGED_METHODS = ("lookup", "async_lookup_and_prefetch")
-
-
-@dataclass(frozen=True)
-class InstanceChange:
-    """Methods of one LMCache class that we replace on an instance, when, and why."""
-
-    target: str
-    methods: tuple[str, ...]
-    when: str
-    why: str
-
-
-INSTANCE_CHANGES: tuple[InstanceChange, ...] = (
-    InstanceChange(METADATA, _METADATA_METHODS, "our GPU connector is bound",
-                   "LMCache sizes each chunk's MemoryObj from them before any connector code runs"),
-    InstanceChange(ENGINE, ("retrieve",), "a layout is attached",
-                   "an object that fails its checksum is reported, removed and never loaded"),
-    InstanceChange(ENGINE, ("store", "retrieve", "lookup"), "chunks are stored in parts",
-                   "each part of a chunk is its own object; a hit needs every part it reads"),
-    InstanceChange(ENGINE, _TAGGED_METHODS, "a layout is attached",
-                   "the scheduler's lookups carry the layout's key tags"),
-)
 # Every engine method some change replaces: adapt_engine keeps the instance's own once, and builds on them.
 _ENGINE_METHODS = tuple(dict.fromkeys(m for c in INSTANCE_CHANGES if c.target == ENGINE for m in c.methods))
 _ORIGINALS = "_lmcache_platforms_originals"
@@ -93,7 +73,7 @@ def adapt_engine(engine: Any, parts: Sequence[ChunkPart] = (), chunk_size: int =
     if parts:
         methods.update(parts_methods(engine, methods, parts, chunk_size))
     if lookup_tags:
-        for name in _TAGGED_METHODS:
+        for name in TAGGED_METHODS:
             if name in methods:
                 methods[name] = _tagged(methods[name], dict(lookup_tags))
     for name, method in methods.items():
@@ -122,5 +102,5 @@ def describe_chunks(metadata: Any, fmt: ChunkFormat, parts: Sequence[ChunkFormat
 
 def forget_chunks(metadata: Any) -> None:
     """Undo ``describe_chunks`` (the class methods apply again)."""
-    for name in _METADATA_METHODS:
+    for name in METADATA_METHODS:
         metadata.__dict__.pop(name, None)
