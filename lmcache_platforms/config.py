@@ -110,6 +110,11 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
+def env_name(key: str) -> str:
+    """The environment variable of the setting ``key`` (``platforms.*``)."""
+    return next(s.env for s in SETTINGS if s.key == key)
+
+
 _ALLOWED: dict[str, tuple[str, ...]] = {"platforms.mode": MODES, "platforms.load_mode": LOAD_MODES,
                                          "platforms.chunk_parts": CHUNK_PARTS, "platforms.chunk_rows": CHUNK_ROWS}
 

@@ -174,10 +174,10 @@ def _value_text(value: Any) -> str:
 
 
 def _source_text(key: str, source: str) -> str:
-    from lmcache_platforms.config import CONFIG_FILE_ENV, SETTINGS
+    from lmcache_platforms.config import CONFIG_FILE_ENV, env_name
 
     if source == "env":
-        return f"env {next(s.env for s in SETTINGS if s.key == key)}"
+        return f"env {env_name(key)}"
     if source == "yaml":
         return f"yaml {os.environ.get(CONFIG_FILE_ENV)}"
     return source

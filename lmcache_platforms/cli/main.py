@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def refusal() -> str | None:
     """Why no command may run with this process's activation and settings: a platform that does not exist, a
     setting we do not have or a value it cannot take, a kernel backend nobody provides."""
-    from lmcache_platforms.config import SETTINGS, PlatformSettings
+    from lmcache_platforms.config import PlatformSettings, env_name
     from lmcache_platforms.kernels.registry import backend_names
 
     state = lmcache_platforms.status()
@@ -53,7 +53,7 @@ def refusal() -> str | None:
         return str(exc)
     known = ["auto", *backend_names()]
     if settings.kernel_backend not in known:
-        env = next(s.env for s in SETTINGS if s.key == "platforms.kernel_backend")
+        env = env_name("platforms.kernel_backend")
         return (f"platforms.kernel_backend ({env}) must be one of {', '.join(known)}, "
                 f"got {settings.kernel_backend!r}")
     return None
