@@ -40,7 +40,7 @@ RECURRENT = ("qwen3-next", "lfm2")
 RESUMES_OTHERWISE = {"lfm2": 5.0}
 SHARED_TIERS = ("fs", "redis")
 WINDOW = 96  # the hybrid model's sliding window: not a multiple of any block size drawn
-ABORTED = 0.1  # the share of batches whose last request the client aborts after the engine's first step
+ABORTED = 0.1  # the share of batches whose last request the client aborts mid-load (and, of the rest, waiting)
 TIGHT_LEN = 1536  # the longest prompt and its answer, in whole blocks of every size drawn
 TIGHT_BUDGET = 256  # tokens per step under a tight cache: prefills go in chunks, so a batch outgrows the cache
 MAX_PROMPT = 1500
@@ -54,14 +54,21 @@ class Case:
     batches: list[list[list[int]]]
     plant: str | None = None
     aborted: list[int] = field(default_factory=list)  # batches whose last request the client aborts mid-load
+    # Batches whose last request the client aborts once it was looked up but left waiting for blocks.
+    aborted_waiting: list[int] = field(default_factory=list)
     poison: bool = True
     notes: list[str] = field(default_factory=list)
     incomparable: int = 0
     hit_tokens: int = 0
     preemptions: int = 0
+    waiting_aborts: int = 0  # requests the passes aborted while looked up and waiting
     one_token: int = 0
     drift: float = 0.0
     fixed: dict[str, Any] = field(default_factory=dict)
+
+    def client_aborts(self, number: int) -> bool:
+        """Whether the client aborts batch ``number``'s last request (it has no answer to compare)."""
+        return number in self.aborted or number in self.aborted_waiting
 
     @property
     def requests(self) -> int:
@@ -121,7 +128,7 @@ class Case:
             engine["scheduler_reserve_full_isl"] = False
         return {"model_dir": model_dir, "connector": s["connector"], "role": role, "extra_config": extra,
                 "engine": engine, "reference": reference, "max_tokens": MAX_TOKENS, "batches": self.batches,
-                "aborted": self.aborted,
+                "aborted": self.aborted, "aborted_waiting": self.aborted_waiting,
                 # Align mode needs vLLM's prefix cache on; forgotten after each batch, the next batch's hits
                 # come from LMCache, as in a fresh server.
                 "forget": self.recurrent,
@@ -190,7 +197,9 @@ def draw_case(seed: int, pages_only: bool, requests: int = 12, fixed: dict[str, 
     tight = settings["kv_cache"] == "tight"
     batches = _draw_batches(rng, settings["chunk_size"], block, requests, tight)
     aborted = [n for n in range(len(batches)) if rng.random() < ABORTED]
-    return Case(seed, settings, batches, aborted=aborted, fixed=dict(fixed or {}))
+    # Drawn after everything else, so that the earlier draws of a seed are those its replays always had.
+    waiting = [n for n in range(len(batches)) if n not in aborted and rng.random() < ABORTED]
+    return Case(seed, settings, batches, aborted=aborted, aborted_waiting=waiting, fixed=dict(fixed or {}))
 
 
 def allowed_hits(case: Case, prestored: bool = False) -> list[tuple[int, int] | None]:
@@ -217,5 +226,5 @@ def allowed_hits(case: Case, prestored: bool = False) -> list[tuple[int, int] | 
             span = (hit(prompt, sure), hit(prompt, sure | maybe))
             out.append(span if len(batch) == 1 or prestored else None)
         for i, prompt in enumerate(batch):
-            (maybe if number in case.aborted and i == len(batch) - 1 else sure).update(chunks(prompt))
+            (maybe if case.client_aborts(number) and i == len(batch) - 1 else sure).update(chunks(prompt))
     return out

@@ -58,22 +58,44 @@ def pinned_objects() -> int:
     return count
 
 
-def serve(engine: Any, number: int, batch: list[list[int]], params: Any, abort_last: bool) -> list[Any]:
-    """The batch's requests added together and stepped to the end; with ``abort_last``, its last request is
-    aborted by its client after the first step (its hit's load then in flight or done); its answer is None."""
+def _looked_up_while_waiting(engine: Any, request_id: str) -> bool:
+    """Whether LMCache holds pins of the request's lookup while vLLM's scheduler still has it waiting for blocks
+    (looked up, then not admitted: its next step does not fit the cache)."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from vllm.v1.request import RequestStatus
+
+    request = engine.engine_core.engine_core.scheduler.requests.get(request_id)
+    if request is None or request.status != RequestStatus.WAITING:
+        return False
+    return any(key.startswith(request_id) for lmcache in LMCacheEngineBuilder._instances.values()
+               for key in lmcache.lookup_pins)
+
+
+def serve(engine: Any, number: int, batch: list[list[int]], params: Any,
+          abort_last: str | None) -> tuple[list[Any], int]:
+    """The batch's requests added together and stepped to the end, and how many were aborted while waiting. With
+    ``abort_last``, the batch's last request is aborted by its client: ``"mid-load"``, after the engine's first
+    step (its hit's load then in flight or done); ``"waiting"``, after the first step that looked it up but left
+    it waiting for blocks (its lookup's pins held for a load that never comes). Its answer is None."""
     from vllm.inputs import TokensPrompt
 
     ids = [f"{number}-{i}" for i in range(len(batch))]
-    for request_id, tokens in zip(ids, batch, strict=True):
-        engine.add_request(request_id, TokensPrompt(prompt_token_ids=tokens), params)
+    internal = [engine.add_request(request_id, TokensPrompt(prompt_token_ids=tokens), params)
+                for request_id, tokens in zip(ids, batch, strict=True)]
     finished: dict[str, Any] = {}
-    steps = 0
+    steps = aborted_waiting = 0
+    pending = abort_last
     while engine.has_unfinished_requests():
         finished.update((out.request_id, out) for out in engine.step() if out.finished)
         steps += 1
-        if abort_last and steps == 1:
+        due = steps == 1 if pending == "mid-load" else (
+            pending == "waiting" and _looked_up_while_waiting(engine, internal[-1]))
+        if due:
             engine.abort_request([ids[-1]])
-    return [None if abort_last and request_id == ids[-1] else finished[request_id] for request_id in ids]
+            aborted_waiting += pending == "waiting"
+            pending = None
+    answers = [None if abort_last and request_id == ids[-1] else finished[request_id] for request_id in ids]
+    return answers, aborted_waiting
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -90,9 +112,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                             extra_args=extra)
     hma = not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
     answers: list[dict[str, Any]] = []
+    aborted_waiting = 0
     for number, batch in enumerate(spec["batches"]):
         before = metric_totals(llm, HIT_METRICS)
-        outputs = serve(llm.llm_engine, number, batch, params, abort_last=number in spec.get("aborted", ()))
+        abort = "mid-load" if number in spec.get("aborted", ()) else (
+            "waiting" if number in spec.get("aborted_waiting", ()) else None)
+        outputs, waiting = serve(llm.llm_engine, number, batch, params, abort)
+        aborted_waiting += waiting
         after = metric_totals(llm, HIT_METRICS)
         answers += [_answer(output) if output else {"tokens": [], "logprobs": []} for output in outputs]
         answers[-1]["batch_hits"] = {k: after[k] - before[k] for k in after}
@@ -100,7 +126,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             llm.reset_prefix_cache()
     pinned = pinned_objects()
     llm.llm_engine.engine_core.shutdown()
-    return {"hma": hma, "answers": answers, "pinned": pinned}
+    return {"hma": hma, "answers": answers, "pinned": pinned, "aborted_waiting": aborted_waiting}
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,10 @@
   query after the chunk reads, is neither stored nor loaded).
 - ``stale-after-preemption``: once vLLM preempts a request, the worker goes on writing into the blocks it held
   at every later step (as a load still in flight would), after vLLM handed them to other requests.
+- ``pins-kept``: the worker no longer unpins what a finished request's lookup pinned (the leak the fuzzer found:
+  a request looked up, then aborted by its client while it waited for blocks, kept its chunks pinned).
+
+Plants join with ``+`` (``stale-after-preemption+pins-kept``): faults the oracle tells apart by their symptoms.
 """
 
 from __future__ import annotations
@@ -63,13 +67,23 @@ def _stale_after_preemption() -> None:
     WorkerLoads.start_load_kv = start_load_kv  # type: ignore[method-assign]
 
 
+def _pins_kept() -> None:
+    from lmcache_platforms.integration.vllm.worker_loads import WorkerLoads
+
+    def release_finished(self: Any, finished_req_ids: set[str]) -> None:
+        return None
+
+    WorkerLoads.release_finished = release_finished  # type: ignore[method-assign]
+
+
 # name -> (whether it goes in once the engine is up, the fault): importing vLLM's scheduler before the engine
 # starts changes the order vLLM's CPU platform finds its kernels in, so that plant waits for the engine.
 PLANTS = {"skip-row": (False, _skip_first_row), "window-off-by-one": (False, _window_off_by_one),
-          "stale-after-preemption": (True, _stale_after_preemption)}
+          "stale-after-preemption": (True, _stale_after_preemption), "pins-kept": (True, _pins_kept)}
 
 
 def install(name: str | None, engine_up: bool) -> None:
-    """Plant ``name`` if it goes in at this point (before the engine starts, or once it is up)."""
-    if name and PLANTS[name][0] == engine_up:
-        PLANTS[name][1]()
+    """Plant each fault ``name`` joins that goes in at this point (before the engine starts, or once it is up)."""
+    for part in name.split("+") if name else ():
+        if PLANTS[part][0] == engine_up:
+            PLANTS[part][1]()

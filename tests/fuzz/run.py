@@ -177,6 +177,7 @@ def compare(case: Case, reference: dict[str, Any], run: dict[str, Any], prestore
         problems.append(f"vLLM's hybrid manager is {'on' if run['hma'] else 'off'}, expected the opposite")
     if run.get("pinned"):
         problems.append(f"{run['pinned']} objects still pinned in LMCache's CPU tier after the pass")
+    case.waiting_aborts += run.get("aborted_waiting", 0)
     allowed = allowed_hits(case, prestored)
     exact = case.settings["tier"] == "cpu" and not case.settings["prefix_caching"] and not case.recurrent
     index = 0
@@ -195,7 +196,7 @@ def compare(case: Case, reference: dict[str, Any], run: dict[str, Any], prestore
         for position in range(len(batch)):
             ref, got = reference["answers"][index], run["answers"][index]
             index += 1
-            if number in case.aborted and position == len(batch) - 1:
+            if case.client_aborts(number) and position == len(batch) - 1:
                 continue  # aborted by its client on both sides: no answer
             if shaped_otherwise:
                 drift, problem = _drift(ref, got, bound)
@@ -304,7 +305,7 @@ def fuzz(seeds: list[int], requests_per_case: int, stop: Callable[[int, float], 
         verdicts.append(verdict)
         status = "ok" if verdict.ok else "FAIL"
         say(f"seed {seed}: {status} {case.requests} requests ({case.hit_tokens} tokens hit, "
-            f"{case.preemptions} preemptions, drift {case.drift:.2f}) in "
+            f"{case.preemptions} preemptions, {case.waiting_aborts} aborted waiting, drift {case.drift:.2f}) in "
             f"{verdict.seconds:.0f} s {json.dumps(case.settings)}")
         for problem in verdict.problems:
             say(f"    {problem}")
@@ -322,13 +323,14 @@ def summary(verdicts: list[Verdict], seconds: float) -> str:
     one_token = sum(v.case.one_token for v in verdicts)
     drift = max((v.case.drift for v in verdicts), default=0.0)
     preemptions = sum(v.case.preemptions for v in verdicts)
+    waiting_aborts = sum(v.case.waiting_aborts for v in verdicts)
     reached: dict[str, set[str]] = defaultdict(set)
     for v in verdicts:
         for name, value in v.case.settings.items():
             reached[name].add(str(value))
     lines = [f"{len(verdicts)} cases, {requests} requests, {sum(not v.ok for v in verdicts)} failed, "
              f"{seconds / 60:.1f} minutes, {requests / max(seconds / 60, 1e-9):.1f} requests per minute; "
-             f"{hits} tokens hit, {preemptions} preemptions; "
+             f"{hits} tokens hit, {preemptions} preemptions, {waiting_aborts} requests aborted while waiting; "
              f"{incomparable} requests in concurrent batches with a hit and {one_token} with one token left to "
              f"compute held to a drift of {DRIFT_ULPS} bf16 units (largest seen {drift:.2f})"]
     for name, values in DIMENSIONS.items():
@@ -348,6 +350,15 @@ def _setting(item: str) -> tuple[str, Any]:
     return name, by_text[raw]
 
 
+def _plant(value: str) -> str:
+    """A ``--plant`` value: known faults joined by ``+``."""
+    unknown = [part for part in value.split("+") if part not in plants.PLANTS]
+    if unknown:
+        known = ", ".join(sorted(plants.PLANTS))
+        raise argparse.ArgumentTypeError(f"no such plant {', '.join(unknown)}; known: {known}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz.run", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="first seed (then +1, +2...)")
@@ -355,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None, help="stop starting cases after this long")
     parser.add_argument("--requests", type=int, default=None, help="stop once this many requests were served")
     parser.add_argument("--requests-per-case", type=int, default=12)
-    parser.add_argument("--plant", choices=sorted(plants.PLANTS), default=None,
-                        help="a fault to plant (negative control: the fuzzer must fail)")
+    parser.add_argument("--plant", type=_plant, default=None,
+                        help=f"a fault to plant, or several joined by + (negative control: the fuzzer must fail): "
+                             f"{', '.join(sorted(plants.PLANTS))}")
     parser.add_argument("--no-poison", action="store_true", help="leave the blocks a load fills as they were")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help=f"fix one setting instead of drawing it ({', '.join(DIMENSIONS)})")

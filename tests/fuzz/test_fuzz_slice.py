@@ -1,10 +1,12 @@
 """The fuzzer's seeded slice in the suite, with its negative controls: one workload that goes looking for stale
 rows (a prompt back after others reused its blocks, a branch off a shared document, lengths on window and
-chunk edges, a concurrent batch that outgrows a tight KV cache so vLLM preempts a request it loaded, a request
-its client aborts while its load is in flight), on a sliding-window hybrid with vLLM's hybrid manager on and
-loads while requests wait, compared with a reference that stored nothing; the same workload with a sliding
-window part's last row dropped, with every chunk's first row neither stored nor loaded under poisoned blocks, and
-with writes into a preempted request's blocks after vLLM handed them on, must fail the same oracle.
+chunk edges, a concurrent batch that outgrows a tight KV cache so vLLM preempts a request it loaded and leaves
+one it looked up waiting for blocks until its client aborts it, a request its client aborts while its load is in
+flight), on a sliding-window hybrid with vLLM's hybrid manager on and loads while requests wait, compared with a
+reference that stored nothing, and no chunk left pinned; the same workload with a sliding window part's last
+row dropped, with every chunk's first row neither stored nor loaded under poisoned blocks, and with writes into a
+preempted request's blocks after vLLM handed them on (and a finished request's pins kept), must fail the same
+oracle.
 
 ``make fuzz`` runs the random search (``tests/fuzz/run.py``); this slice keeps its oracle honest in CI.
 """
@@ -22,7 +24,7 @@ from tests.fuzz.run import judge, model_dirs, pages_only, run_passes
 pytestmark = pytest.mark.slow
 
 CHUNK = 128
-PLANTED = ("window-off-by-one", "skip-row", "stale-after-preemption")
+PLANTED = ("window-off-by-one", "skip-row", "stale-after-preemption+pins-kept")
 
 
 def control_case() -> Case:
@@ -42,7 +44,7 @@ def control_case() -> Case:
                 "kv_cache_dtype": "auto", "kv_cache": "tight",
                 "roles": "both"}
     assert settings.keys() == DIMENSIONS.keys()
-    return Case(58, settings, batches, aborted=[6])
+    return Case(58, settings, batches, aborted=[6], aborted_waiting=[5])
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,7 @@ def test_loads_under_poisoned_blocks_answer_as_a_reference_that_stored_nothing(v
     clean, problems = verdicts["clean"]
     assert problems == []
     assert clean.preemptions >= 1  # the concurrent batch outgrew the cache
+    assert clean.waiting_aborts == 1  # its last request was looked up, left waiting, then aborted
     assert clean.hit_tokens > 0
 
 
@@ -65,3 +68,11 @@ def test_loads_under_poisoned_blocks_answer_as_a_reference_that_stored_nothing(v
 def test_a_planted_fault_fails_the_oracle(verdicts, plant: str) -> None:
     _, problems = verdicts[plant]
     assert any("differ" in problem or "drift" in problem for problem in problems), problems
+
+
+def test_a_finished_requests_pins_kept_fail_the_oracle(verdicts) -> None:
+    """The leak the fuzzer found (seed 1203): without the worker's release, the request aborted while it waited
+    for blocks keeps its lookup's chunks pinned, and the pass says so."""
+    case, problems = verdicts["stale-after-preemption+pins-kept"]
+    assert case.waiting_aborts == 1
+    assert any("still pinned" in problem for problem in problems), problems
