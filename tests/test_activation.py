@@ -136,11 +136,11 @@ def test_ensure_patched_applies_the_catalog_for_imported_upstream():
 
 def _activate_against_lmcache_040(tmp_path, allow: str) -> tuple[dict, str, str]:
     """Activation in a fresh interpreter whose metadata says lmcache 0.4.0 (tests/shadow_dist.py); then
-    LMCache's GPU connector module is imported: the status, who owns CreateGPUConnector, the log."""
+    LMCache's CPU tier module is imported: the status, who owns its patched ``LocalCPUBackend.remove``, the log."""
     from tests.shadow_dist import env_with, shadow_distribution
 
-    code = ("import json, lmcache_platforms as p, lmcache.v1.gpu_connector as g;"
-            "print(json.dumps([p.status(), g.CreateGPUConnector.__module__]))")
+    code = ("import json, lmcache_platforms as p, lmcache.v1.storage_backend.local_cpu_backend as g;"
+            "print(json.dumps([p.status(), g.LocalCPUBackend.remove.__module__]))")
     env = env_with(shadow_distribution(tmp_path, "lmcache", "0.4.0"), LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=allow)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
                           env=env)
@@ -155,13 +155,13 @@ def test_an_unknown_lmcache_version_is_refused_without_the_variable(tmp_path, al
     assert state["error"] == (
         "UnsupportedUpstreamVersion: installed lmcache 0.4.0 is not a version these patches know (known: ==0.5.6) "
         "(set LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1 to try anyway)")
-    assert owner == "lmcache.v1.gpu_connector"
+    assert owner == "lmcache.v1.storage_backend.local_cpu_backend"
 
 
 @pytest.mark.parametrize("allow", ["1", "YES"])
 def test_allow_unknown_versions_from_the_environment_patches_with_a_warning(tmp_path, allow):
     state, owner, log = _activate_against_lmcache_040(tmp_path, allow)
     assert state["activated"] is True and state["error"] is None
-    assert owner == "lmcache_platforms.connector.factory"
+    assert owner == "lmcache_platforms.connector.tier_watch"
     assert "installed lmcache 0.4.0 is not a version these patches know (known: ==0.5.6); patching anyway because " \
            "LMCACHE_PLATFORMS_ALLOW_UNKNOWN_VERSIONS=1" in log

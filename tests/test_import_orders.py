@@ -38,7 +38,6 @@ CONNECTOR_NAME = "LMCachePlatformsConnector"
 OUR_CONNECTOR = "lmcache_platforms.integration.vllm.connector.LMCachePlatformsConnector"
 OUR_IMPL = "lmcache_platforms.integration.vllm.engine_impl.MultiGroupConnectorImpl"
 UPSTREAM_IMPL = "lmcache.integration.vllm.vllm_v1_adapter.LMCacheConnectorV1Impl"
-OUR_GPU_FACTORY = "lmcache_platforms.connector.factory.wrap_create_gpu_connector.<locals>.create_gpu_connector"
 UPSTREAM_GPU_FACTORY = "lmcache.v1.gpu_connector.CreateGPUConnector"
 
 IMPORTS = {"factory": f"import {FACTORY}", "adapter": f"import {ADAPTER}"}
@@ -109,8 +108,10 @@ def _assert_active(report: dict[str, Any]) -> None:
     assert report["connector"] == OUR_CONNECTOR and report["connector_is_ours"], report
     assert report["subclasses_hma"] is True and report["hma_config"] is True, report
     assert report["adapter_impl"] == OUR_IMPL and report["connector_v1_impl"] == OUR_IMPL, report
-    assert report["create_gpu_connector"] == OUR_GPU_FACTORY, report
-    assert report["create_gpu_connector_wraps"] == UPSTREAM_GPU_FACTORY, report
+    # LMCache's GPU connector factory stays upstream's for every other engine: our impl's engine gets our
+    # connector from our service factory (integration/vllm/service_factory.py).
+    assert report["create_gpu_connector"] == UPSTREAM_GPU_FACTORY, report
+    assert report["create_gpu_connector_wraps"] is None, report
     assert report["state"] == {"activated": True, "disabled": False, "error": None}, report
     assert report["status_connectors"] == "registered", report
 

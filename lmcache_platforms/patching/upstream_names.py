@@ -47,8 +47,10 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # private state, each name where it is read first.
     UpstreamName(_V1_IMPL, "_init_connector_state", _IMPL + "impl_state.py"),
     UpstreamName(_V1_IMPL, "_apply_extra_config", _IMPL + "impl_state.py"),
+    UpstreamName(_V1_IMPL, "_setup_metrics", _IMPL + "engine_impl.py"),
     *(UpstreamName(_V1_IMPL, name, _IMPL + module, instance=True) for name, module in (
-        ("_parent", "impl_state.py"), ("_block_size", "impl_state.py"), ("_vllm_config", "lifecycle.py"),
+        ("_parent", "impl_state.py"), ("_role", "engine_impl.py"), ("_block_size", "impl_state.py"),
+        ("_vllm_config", "lifecycle.py"),
         ("_manager", "engine_impl.py"), ("_lmcache_chunk_size", "lifecycle.py"),
         ("_discard_partial_chunks", "scheduler_side.py"), ("_request_trackers", "scheduler_side.py"),
         ("_unfinished_requests", "scheduler_side.py"), ("_requests_priority", "scheduler_side.py"),

@@ -13,15 +13,6 @@ KEEP_UPSTREAM_ADAPTER = "LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
-        target="lmcache.v1.gpu_connector:CreateGPUConnector",
-        replacement="lmcache_platforms.connector.factory:wrap_create_gpu_connector",
-        versions=LMCACHE,
-        wrapper=True,
-        why="upstream's factory has no connector for CPU and a single-group one elsewhere; vLLM engines get our "
-            "layout connector, every other engine type upstream's (LMCache's vLLM path looks the name up at "
-            "call time, so there are no stale copies to rebind on that path)",
-    ),
-    Patch(
         target="lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl",
         replacement="lmcache_platforms.integration.vllm.engine_impl:MultiGroupConnectorImpl",
         versions=LMCACHE,

@@ -47,7 +47,7 @@ def test_json_report_has_the_documented_keys():
     assert all(set(b) == {"name", "available", "reason"} for b in report["kernel_backends"])
     applied = {p["target"]: p["applied"] for p in report["patches"]}
     assert applied["lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"] is True
-    assert applied["lmcache.v1.gpu_connector:CreateGPUConnector"] is True
+    assert "lmcache.v1.gpu_connector:CreateGPUConnector" not in applied  # our service factory gives our connector
     assert all(set(p) == {"target", "applied", "detail"} for p in report["patches"])
     assert report["connectors"] == {"state": "registered", "names": ["LMCachePlatformsConnector"]}
     assert report["upstream_adapter"] == "ours: upstream connector names run lmcache_platforms' engine impl"
@@ -115,7 +115,7 @@ def test_each_setting_shows_its_value_and_source(tmp_path):
     # fixed seed.
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"lmcache_platforms {lmcache_platforms.__version__} (python ")
-    assert "patches: 1 not applicable, 24 pending (each applies when its module is imported; --deep imports them " \
+    assert "patches: 1 not applicable, 23 pending (each applies when its module is imported; --deep imports them " \
            "here)" in lines
     assert not [line for line in lines if line.startswith("  pending: ")]
     assert ("vLLM connectors: waiting for vLLM (registered when vLLM imports its connector factory; --deep imports "
@@ -135,8 +135,8 @@ def test_unset_hash_seed_warns_and_extra_config_variable_is_a_source():
     assert UNSET_SEED_WARNING in lines
     assert not [line for line in lines if line.startswith("hash seed:")]
     assert _settings_lines(result.stdout)["platforms.chunk_parts"] == ["whole", "LMCACHE_EXTRA_CONFIG"]
-    assert ("  applied: lmcache.v1.gpu_connector:CreateGPUConnector -> "
-            "lmcache_platforms.connector.factory:wrap_create_gpu_connector") in lines
+    assert ("  applied: lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl -> "
+            "lmcache_platforms.integration.vllm.engine_impl:MultiGroupConnectorImpl") in lines
 
 
 def test_an_invalid_setting_is_one_line_and_exit_1(tmp_path):

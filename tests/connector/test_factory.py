@@ -1,6 +1,6 @@
-"""The CreateGPUConnector that LMCache callers see once activated: upstream's signature; ours for a vLLM engine
-our engine impl builds (paged or layerwise), upstream's for the rest (other engines, and a vLLM engine built by
-upstream's adapter when it is kept)."""
+"""The GPU connector a vLLM engine our impl builds gets (``layout_connector``, given to the engine by our service
+factory): paged or layerwise, with the configured kernel backend; LMCache's ``CreateGPUConnector`` stays
+upstream's for everyone else (other engines, and a vLLM engine built by upstream's adapter when it is kept)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
 from lmcache.v1.metadata import LMCacheMetadata
 
 import lmcache_platforms
-from lmcache_platforms.connector.factory import layout_engine
+from lmcache_platforms.connector.factory import layout_connector
 from lmcache_platforms.connector.layerwise import LayerwiseLayoutGPUConnector
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.kernels.contract import TransferError
@@ -27,19 +27,19 @@ def _metadata() -> LMCacheMetadata:
 
 
 lmcache_platforms.ensure_patched()
-patched_factory = upstream_module.CreateGPUConnector
+upstream_factory = upstream_module.CreateGPUConnector
 
 
-def create_gpu_connector(*args, **kwargs):
-    """The factory as our engine impl calls it (while it builds its LMCache engine)."""
-    with layout_engine():
-        return patched_factory(*args, **kwargs)
+def create_gpu_connector(config, metadata, engine):
+    """The connector a vLLM engine our impl builds gets (the engine type is VLLM there)."""
+    assert engine == EngineType.VLLM
+    return layout_connector(config, metadata)
 
 
-def test_signature_matches_upstream() -> None:
-    assert patched_factory.__module__ == "lmcache_platforms.connector.factory"
-    ours = list(inspect.signature(patched_factory).parameters)
-    assert ours == list(inspect.signature(patched_factory.upstream).parameters)
+def test_activation_leaves_upstreams_factory_in_place() -> None:
+    assert upstream_factory.__module__ == "lmcache.v1.gpu_connector"
+    assert not hasattr(upstream_factory, "upstream")
+    assert list(inspect.signature(upstream_factory).parameters) == ["config", "metadata", "engine", "layout_hints"]
 
 
 def test_vllm_gets_the_paged_connector_with_the_configured_kernel_backend() -> None:
@@ -70,13 +70,13 @@ def test_a_vllm_engine_not_built_by_our_impl_gets_upstreams_connector() -> None:
     factory answers, which has no CPU connector; ours would get per-token slots it does not read."""
     config = LMCacheEngineConfig.from_defaults(chunk_size=64)
     with pytest.raises(RuntimeError, match="No supported cpu connector found"):
-        patched_factory(config, _metadata(), EngineType.VLLM)
+        upstream_factory(config, _metadata(), EngineType.VLLM)
     assert isinstance(create_gpu_connector(config, _metadata(), EngineType.VLLM), LayoutGPUConnector)
 
 
 def test_other_engines_go_to_upstream() -> None:
     config = LMCacheEngineConfig.from_defaults(chunk_size=64)
-    assert isinstance(create_gpu_connector(config, _metadata(), EngineType.MOCK), MockGPUConnector)
+    assert isinstance(upstream_factory(config, _metadata(), EngineType.MOCK), MockGPUConnector)
 
 
 def _bound_backends(config: LMCacheEngineConfig, kv_connector_extra_config: dict | None = None) -> list[str]:

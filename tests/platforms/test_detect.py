@@ -59,8 +59,8 @@ def test_an_unknown_platform_is_refused(fresh_detection) -> None:
 
 def test_activation_reports_a_refused_platform_and_patches_nothing() -> None:
     """In a fresh interpreter, as a user meets it: import works, status() carries the error, nothing applied."""
-    code = ("import json, lmcache_platforms as p, lmcache.v1.gpu_connector as g;"
-            "print(json.dumps([p.status(), g.CreateGPUConnector.__module__]))")
+    code = ("import json, lmcache_platforms as p, lmcache.v1.storage_backend.local_cpu_backend as g;"
+            "print(json.dumps([p.status(), g.LocalCPUBackend.remove.__module__]))")
     env = {**os.environ, DEVICE_ENV: "tpu"}
     env.pop("LMCACHE_PLATFORMS_DISABLE", None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
@@ -68,4 +68,4 @@ def test_activation_reports_a_refused_platform_and_patches_nothing() -> None:
     state, factory_module = json.loads(done.stdout.strip().splitlines()[-1])
     assert state["activated"] is False and state["platform"] is None and state["patches"] == []
     assert state["error"] == "PlatformError: unknown platform 'tpu'; known: npu, xpu, cuda, cpu"
-    assert factory_module == "lmcache.v1.gpu_connector"
+    assert factory_module == "lmcache.v1.storage_backend.local_cpu_backend"

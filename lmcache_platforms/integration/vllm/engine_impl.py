@@ -31,15 +31,19 @@ class, by name.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
+from lmcache.banner import print_banner_once
+from lmcache.integration.vllm.utils import lmcache_get_or_create_config
+from lmcache.v1.manager import LMCacheManager
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from lmcache_platforms.connector.factory import layout_engine
 from lmcache_platforms.integration.vllm import health
 from lmcache_platforms.integration.vllm.exit_shutdown import shut_down_at_exit
 from lmcache_platforms.integration.vllm.lifecycle import Lifecycle
 from lmcache_platforms.integration.vllm.scheduler_side import SchedulerSide, warn_about_failure_policy
+from lmcache_platforms.integration.vllm.service_factory import LayoutServiceFactory
 from lmcache_platforms.integration.vllm.worker_side import WorkerSide
 from lmcache_platforms.log import init_logger
 
@@ -57,8 +61,7 @@ class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, parent: Any) -> None:
         """``parent`` is the vLLM connector wrapping this impl: ours, or any wrapper of upstream's impl name
         (``wrapper_contract``); the engine it builds gets our GPU connector."""
-        with layout_engine():
-            super().__init__(vllm_config, role, parent)
+        self._build(vllm_config, role, parent)
         self.role_name = role.name.lower()
         health.record(self.role_name, "init", self._manager)
         logger.info("LMCache platforms engine impl (%s): %s; %s%s", self.role_name, self.plan.describe(),
@@ -76,6 +79,29 @@ class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
         # Only a built impl: a refused one's LMCache services are left as upstream leaves them (shutting one down
         # at exit hung the process that had refused it).
         shut_down_at_exit(self)
+
+    def _build(self, vllm_config: VllmConfig, role: KVConnectorRole, parent: Any) -> None:
+        """LMCache's services, built as upstream's impl builds them (its config with vLLM's ``lmcache.*`` keys,
+        a manager starting the services, the connector state, the metrics of its structures), from LMCache's
+        public pieces, with our service factory: the worker's engine gets our GPU connector."""
+        transfer = vllm_config.kv_transfer_config
+        if transfer is None:
+            raise ValueError("LMCache's engine impl is built only for a KV connector: vLLM has no kv_transfer_config")
+        if role == KVConnectorRole.SCHEDULER:
+            print_banner_once(sys.stderr)
+        self._parent = parent
+        self._vllm_config = vllm_config
+        self._role = role
+        self.device = vllm_config.device_config.device
+        self.kv_role = transfer.kv_role
+        self.worker_count = vllm_config.parallel_config.tensor_parallel_size
+        self.config = lmcache_get_or_create_config()
+        self._apply_extra_config(self.config, vllm_config)
+        factory = LayoutServiceFactory(self.config, vllm_config, role.name.lower())
+        self._manager = LMCacheManager(self.config, factory, connector=self)
+        self._manager.start_services()
+        self._init_connector_state(role, vllm_config, self.config)
+        self._setup_metrics()
 
     def _log_contract(self) -> None:
         """Once per process: what an upstream wrapper cannot carry, and the connector that can."""
