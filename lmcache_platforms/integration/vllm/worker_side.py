@@ -69,9 +69,11 @@ class WorkerSide(WorkerLoads):
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         """Layerwise mode: ``layer_name``'s KV is written; the step's saves (started by the first layer) may copy
         it now. ``kv_layer`` is not read: the planes come from the bound layout."""
+        if not self.layerwise:
+            return
         engine = self.lmcache_engine
         binding = self._binding()
-        if not self.layerwise or engine is None or binding is None:
+        if engine is None or binding is None:
             return
         if self._store_job is None:
             if self._store_thread is None:
