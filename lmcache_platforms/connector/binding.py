@@ -15,10 +15,10 @@ import torch
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, Launch, layer_launches, layout_fingerprint
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
-from lmcache_platforms.kernels import triton_crc32c
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
-from lmcache_platforms.kernels.registry import select_backend
+from lmcache_platforms.kernels.registry import device_hasher, select_backend
+from lmcache_platforms.kernels.stripe_hashing import DeviceStripeHasher
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
@@ -107,9 +107,11 @@ class LayoutBinding:
         # where a test's fake runtime claims an accelerator for CPU tensors).
         staged = self.device.type != "cpu" or bool(platform.torch_module_name)
         self.scratch = {d: Scratch(self.device) for d in Direction} if staged else {}
-        self.hashes_on_device = staged and self._device_hashing_works(platform.name)
-        """Whether whole staged chunks get their checksum's stripe CRCs from the device (``kernels.triton_crc32c``)
-        rather than from a pass over host memory."""
+        self.device_hasher: DeviceStripeHasher | None = (
+            device_hasher(platform.name, self.device) if staged and checksum.stripes_are_crc32c() else None)
+        """What makes whole staged chunks' stripe CRCs on the device (the kernel registry's choice), or None: a
+        pass over host memory does."""
+        self.hashes_on_device = self.device_hasher is not None
         # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
         # would cost more than the lookup saves.
         self._backends: dict[int, KernelBackend] = {
@@ -124,16 +126,6 @@ class LayoutBinding:
         self.counters = TransferCounters()
         # Why the planes' memory may not be touched now (vLLM's sleep mode unmaps it); None: it may.
         self.released: str | None = None
-
-    def _device_hashing_works(self, platform: str) -> bool:
-        """Whether the device can hash chunks: Triton there, CRC-32C stripes here, and the kernel, built and run
-        once on the device, agreeing with the host (else a warning, and the host hashes)."""
-        if not triton_crc32c.usable(platform, self.device) or not checksum.stripes_are_crc32c():
-            return False
-        problem = triton_crc32c.self_check(self.device)
-        if problem is not None:
-            logger.warning("chunk checksums are computed on the host, not on %s: %s", self.device, problem)
-        return problem is None
 
     def release(self, why: str) -> None:
         """Refuse every transfer from now on, then wait for the copies already queued on the transfer streams:
@@ -327,7 +319,7 @@ class LayoutBinding:
 
     def _stripes_on_device(self, fmt: ChunkFormat, objects: int) -> torch.Tensor | None:
         """Pinned room for the stripe CRCs of ``objects`` staged objects, when the device hashes them."""
-        if not self.hashes_on_device or not triton_crc32c.aligned(fmt.payload_bytes):
+        if self.device_hasher is None or not self.device_hasher.aligned(fmt.payload_bytes):
             return None
         stripes = -(-fmt.payload_bytes // checksum.STRIPE_BYTES)
         return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
@@ -357,6 +349,7 @@ class LayoutBinding:
         # Whole chunks cross in one copy each; one layer's pieces each in their own.
         spans = [(0, size)] if launches is None else [(piece.offset, piece.offset + piece.nbytes) for piece in moved]
         stream = self.streams.store_stream if direction is Direction.STORE else self.streams.load_stream
+        hasher = self.device_hasher  # with ``stripes`` (room for its CRCs), the device hashes these objects
         for first, count, scratch in self._batches(fmt, len(hosts), direction):
             pieces = [(scratch[i * size + start : i * size + end], hosts[first + i][start:end])
                       for i in range(count) for start, end in spans]
@@ -364,9 +357,10 @@ class LayoutBinding:
                 run = 0  # the first object not hashed yet
                 for index, (piece, host) in enumerate(pieces):
                     piece.copy_(host, non_blocking=True)
-                    if stripes is not None and ((index + 1 - run) * size >= HASH_RUN_BYTES or index + 1 == count):
+                    if hasher is not None and stripes is not None and (
+                            (index + 1 - run) * size >= HASH_RUN_BYTES or index + 1 == count):
                         with self.streams.beside(stream):  # hashed while the next objects cross
-                            crcs = triton_crc32c.stripe_crcs(scratch[run * size :], index + 1 - run, size, size)
+                            crcs = hasher.stripe_crcs(scratch[run * size :], index + 1 - run, size, size)
                             stripes[first + run : first + index + 1].copy_(crcs, non_blocking=True)
                         run = index + 1
                 if stripes is not None:  # load_verified: this scratch-full checked before its own writes
@@ -379,9 +373,9 @@ class LayoutBinding:
                 rows = slots[launch.tg.group][first : first + count]
                 self._transfer_chunks(launch, rows, scratch[launch.offset :], size, direction)
             if direction is Direction.STORE:
-                if stripes is not None:  # hashed beside the copies to the host, which read the scratch too
+                if hasher is not None and stripes is not None:  # beside the copies to the host, which read it too
                     with self.streams.beside(stream):
-                        crcs = triton_crc32c.stripe_crcs(scratch, count, size, size)
+                        crcs = hasher.stripe_crcs(scratch, count, size, size)
                         stripes[first : first + count].copy_(crcs, non_blocking=True)
                 for piece, host in pieces:
                     host.copy_(piece, non_blocking=True)

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 import torch
 
 from lmcache_platforms.kernels.contract import KernelBackend
+from lmcache_platforms.kernels.stripe_hashing import DeviceStripeHasher
 from lmcache_platforms.layout.plane import Plane
 from lmcache_platforms.log import init_logger
 
@@ -154,3 +155,18 @@ def select_backend(
             return backend
         logger.debug("kernel backend %r skipped on %s: %s", name, device_type, unsupported)
     return get_backend("torch")
+
+
+def device_hasher(platform: str, device: torch.device) -> DeviceStripeHasher | None:
+    """What makes the stripe CRCs of objects staged on ``device`` (memory of ``platform``, a platform name) there,
+    or None: the host hashes them. Triton's CRC-32C where it runs, once it was built and run there and agreed with
+    the native CRC-32C; where it runs but does not agree, a warning says why and the host hashes."""
+    from lmcache_platforms.kernels import triton_crc32c
+
+    if not triton_crc32c.usable(platform, device):
+        return None
+    problem = triton_crc32c.self_check(device)
+    if problem is not None:
+        logger.warning("chunk checksums are computed on the host, not on %s: %s", device, problem)
+        return None
+    return triton_crc32c

@@ -1,7 +1,8 @@
 """What a kernel backend's checksummed copies are given, beside the transfer contract: a stripe hasher fed as a
 store copies an object's payload, and a stripe check a load consults as it copies. The contract names these
 protocols, not one CRC implementation; the native CRC-32C (``kernels.crc32c``) implements both, and a backend that
-hashes in native code reads the addresses of their state in host memory."""
+hashes in native code reads the addresses of their state in host memory. A device that hashes staged objects
+itself does so through a ``DeviceStripeHasher``, which the kernel registry chooses (``registry.device_hasher``)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,12 @@ class StripeCheck(Protocol):
     state_address: int  # which stripes matched so far, host memory
 
     def check(self, start: int, end: int) -> bool: ...
+
+
+class DeviceStripeHasher(Protocol):
+    """Stripe CRCs of objects staged in device memory, made there (Triton's CRC-32C: ``kernels.triton_crc32c``)."""
+
+    def aligned(self, payload_bytes: int) -> bool: ...
+
+    def stripe_crcs(self, buffer: torch.Tensor, objects: int, object_bytes: int,
+                    payload_bytes: int) -> torch.Tensor: ...
