@@ -1,8 +1,9 @@
 """The in-process LMCache engine impl for vLLM, for every KV-cache group (replaces ``LMCacheConnectorV1Impl``).
 
-It keeps upstream's engine life cycle (config, ``LMCacheManager``, lookup client/server, abort clean-up)
-and replaces what assumed one group: the request tracker, the per-step metadata, loading, saving and
-failed-block reporting. Rules on top of upstream's:
+It builds upstream's engine life cycle itself, from LMCache's public pieces (config, ``LMCacheManager``, lookup
+client/server, abort clean-up), with a service factory that gives the worker's engine our GPU connector
+(``service_factory``), and replaces what assumed one group: the request tracker, the per-step metadata,
+loading, saving and failed-block reporting. Rules on top of upstream's:
   - more than one saved group => only whole chunks are saved;
   - a group we can neither restore nor prove unnecessary => no hit is ever claimed (and nothing saved);
   - a recurrent group in vLLM's align mode travels as one state snapshot per chunk, so hits end on chunk
