@@ -112,6 +112,8 @@ class LayoutBinding:
         """What makes whole staged chunks' stripe CRCs on the device (the kernel registry's choice), or None: a
         pass over host memory does."""
         self.hashes_on_device = self.device_hasher is not None
+        """Whether the device hashes now: a switch over ``device_hasher`` (``bench`` turns it off to time the host's
+        pass beside the device's)."""
         # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
         # would cost more than the lookup saves.
         self._backends: dict[int, KernelBackend] = {
@@ -319,7 +321,7 @@ class LayoutBinding:
 
     def _stripes_on_device(self, fmt: ChunkFormat, objects: int) -> torch.Tensor | None:
         """Pinned room for the stripe CRCs of ``objects`` staged objects, when the device hashes them."""
-        if self.device_hasher is None or not self.device_hasher.aligned(fmt.payload_bytes):
+        if not self.hashes_on_device or self.device_hasher is None or not self.device_hasher.aligned(fmt.payload_bytes):
             return None
         stripes = -(-fmt.payload_bytes // checksum.STRIPE_BYTES)
         return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
