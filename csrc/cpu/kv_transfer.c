@@ -95,6 +95,7 @@ static inline int64_t prefetch_rows(const lmcp_plane *p, const int64_t *slots, i
 #if defined(__SSE2__)
 static void stream_copy(uint8_t *dst, const uint8_t *src, size_t bytes) {
     size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > bytes) head = bytes; /* a piece cut at a stripe boundary may be shorter than the alignment */
     memcpy(dst, src, head);
     size_t i = head;
     for (; i + 64 <= bytes; i += 64) {
