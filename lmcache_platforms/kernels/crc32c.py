@@ -1,11 +1,12 @@
 """CRC-32C of buffer stripes in the native CPU library (``csrc/cpu/crc32c.c``), for the chunk checksum.
 
-A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ (inside a hashing store's copies, a 128-bit fold on
-any x86-64 CPU with PCLMULQDQ), the CRC-32C instruction (x86-64 SSE 4.2, aarch64's CRC extension) on three stripes
-at once otherwise, a table elsewhere: the same values every way. ctypes releases the GIL for the call, so several
-Python threads hash stripes in parallel. ``ObjectStripes`` builds one object's stripe CRCs from pieces in any
-order: what the CPU backend's hashing store (``cpu_backend.CpuBackend.store_hashed``) writes into as it copies;
-``ObjectCheck`` is a load's check of an object stripe by stripe against the CRCs it carries
+A carry-less fold on x86-64 CPUs with AVX-512 and VPCLMULQDQ (inside a hashing store's or load's copies, a
+256-bit fold with AVX2 and VPCLMULQDQ, a 128-bit one on any x86-64 CPU with PCLMULQDQ), the CRC-32C instruction
+(x86-64 SSE 4.2, aarch64's CRC extension) on three stripes at once otherwise, a table elsewhere: the same values
+every way. ctypes releases the GIL for the call, so several Python threads hash stripes in parallel.
+``ObjectStripes`` builds one object's stripe CRCs from pieces in any order: what the CPU backend's hashing store
+and load (``cpu_backend.CpuBackend.store_hashed``, ``load_hashed``) write into as they copy; ``ObjectCheck`` is a
+layer-by-layer load's check of an object stripe by stripe against the CRCs it carries
 (``cpu_backend.CpuBackend.load_checked``).
 ``native()`` is None when the library was not built, or is a build from before these functions (then rebuild
 it).
@@ -64,11 +65,12 @@ class NativeCrc32c:
 
     @property
     def folding(self) -> int:
-        """The carry-less fold's width in use: 512 (AVX-512 with VPCLMULQDQ), 128 (PCLMULQDQ), 0 (none)."""
+        """The carry-less fold's width in use: 512 (AVX-512 with VPCLMULQDQ), 256 (AVX2 with VPCLMULQDQ), 128
+        (PCLMULQDQ), 0 (none)."""
         return int(self._folding())
 
     def allow_vectors(self, widest: int) -> int:
-        """Caps the fold's width (512, 128, 0: the crc32 instruction or the table), so tests run every path this
+        """Caps the fold's width (512, 256, 128, 0: the crc32 instruction or the table), so tests run every path this
         CPU has; returns the previous cap."""
         return int(self._allow_vectors(widest))
 

@@ -34,7 +34,7 @@ def check_against(obj: torch.Tensor, payload_bytes: int, stripe: int, expected: 
 
 @contextlib.contextmanager
 def crc_path(widest: int) -> Iterator[None]:
-    """The carry-less fold capped at ``widest`` bits (512, 128; 0: the crc32 instruction or the table) for the
+    """The carry-less fold capped at ``widest`` bits (512, 256, 128; 0: the crc32 instruction or the table) for the
     test's duration; on a CPU without the wider fold the narrower path runs."""
     previous = native_crc().allow_vectors(widest)
     try:
@@ -43,4 +43,4 @@ def crc_path(widest: int) -> Iterator[None]:
         native_crc().allow_vectors(previous)
 
 
-PATHS = pytest.mark.parametrize("vectors", [512, 128, 0], ids=["fold512", "fold128", "no-fold"])
+PATHS = pytest.mark.parametrize("vectors", [512, 256, 128, 0], ids=["fold512", "fold256", "fold128", "no-fold"])
