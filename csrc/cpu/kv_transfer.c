@@ -127,11 +127,11 @@ static inline void copy_run(uint8_t *plane_bytes, uint8_t *buf_bytes, size_t byt
 }
 
 /*
- * A store that hashes what it writes (lmcp_transfer_crc) follows the buffer bytes one thread writes in order
- * with a cursor: the raw CRC state of the piece of the current stripe, cut into a new piece at each stripe
- * boundary. Bytes a run copies are hashed inside the copy (lmcp_crc_copy_fold); bytes written another way
- * (transposed tiles, strided segments) or not written (skipped rows) are hashed from the buffer right after,
- * while they are in cache.
+ * A transfer that hashes the buffer bytes it moves (a store: lmcp_transfer_crc; a load: lmcp_transfer_load_crc)
+ * follows the buffer bytes one thread moves in order with a cursor: the raw CRC state of the piece of the
+ * current stripe, cut into a new piece at each stripe boundary. Bytes a run copies are hashed inside the copy
+ * (lmcp_crc_copy_fold), whichever side the buffer is on; bytes moved another way (transposed tiles, strided
+ * segments) or not moved (skipped rows) are hashed from the buffer right after, while they are in cache.
  */
 typedef struct {
     int64_t stripe;   /* stripe bytes */
@@ -140,6 +140,7 @@ typedef struct {
     int64_t start;    /* object offset of the current piece's first byte */
     uint32_t crc;     /* raw state of the current piece */
     struct lmcp_piece *out; /* the next piece slot of this grab */
+    int64_t stream_from;    /* copies of at least this many bytes bypass the cache (copy_run's threshold) */
 } lmcp_cursor;
 
 typedef struct lmcp_piece {
@@ -155,12 +156,13 @@ static void cursor_emit(lmcp_cursor *c) {
 }
 
 /*
- * The cursor's next n buffer bytes, at dst: with `src`, copied from there as copy_run would and hashed as they
- * pass (with the fold, inside the copy loop; else from the source, in cache right after each piece); with src
- * NULL, already in the buffer (written another way, or a skipped row's) and hashed there.
+ * The cursor's next n buffer bytes: with `src`, copied from there to dst as copy_run would and hashed as they
+ * pass (with the fold, inside the copy loop; else from the source, in cache right after each piece), the
+ * buffer being dst (a store) or src (a load); with src NULL, the buffer's bytes at dst (moved another way, or
+ * a skipped row's), hashed there.
  */
 static void cursor_take(lmcp_cursor *c, uint8_t *dst, const uint8_t *src, int64_t n) {
-    const int stream = n >= LMCP_STREAM_STORE_BYTES, fold = src != NULL && lmcp_crc_folds();
+    const int stream = n >= c->stream_from, fold = src != NULL && lmcp_crc_folds();
     while (n > 0) {
         const int64_t m = n < c->boundary - c->pos ? n : c->boundary - c->pos;
         if (src == NULL) {
@@ -465,8 +467,8 @@ static void move_strided(const lmcp_plane *p, const int64_t *slots, int64_t firs
 /*
  * Moves rows [first, last) of one plane, one memcpy per run of adjacent rows (a run is cut at `last`, so a
  * long run is shared by the threads whose ranges it crosses). Within a run the next address is stepped,
- * not divided out, so a run costs one division. With a cursor (a store that hashes), every buffer byte of
- * the rows is hashed in order, skipped rows' included.
+ * not divided out, so a run costs one division. With a cursor (a transfer that hashes), every buffer byte
+ * of the rows is hashed in order, skipped rows' included.
  */
 static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_rows, int64_t first, int64_t last,
                       uint8_t *buffer, int direction, lmcp_cursor *cur, lmcp_checker *chk) {
@@ -510,8 +512,10 @@ static void move_rows(const lmcp_plane *p, const int64_t *slots, int64_t num_row
         }
         if (direction == LMCP_STORE) prefetched = prefetch_rows(p, slots, num_rows, prefetched > end ? prefetched : end,
                                                                 end + ahead);
-        if (cur != NULL) {
+        if (cur != NULL && direction == LMCP_STORE) {
             cursor_take(cur, plane_rows + r * p->row_bytes, start, (end - r) * p->row_bytes);
+        } else if (cur != NULL) {
+            cursor_take(cur, start, plane_rows + r * p->row_bytes, (end - r) * p->row_bytes);
         } else if (chk != NULL) {
             if (!move_run_checked(chk, start, plane_offset + r * p->row_bytes, buffer, (end - r) * p->row_bytes,
                                   p->row_bytes))
@@ -581,7 +585,8 @@ static void run_items(lmcp_job *job) {
         if (job->pieces != NULL) {
             const int64_t from = job->origin + item_offset(job, start), grab = start / job->grain;
             cursor = (lmcp_cursor){job->stripe, from, (from / job->stripe + 1) * job->stripe, from, 0,
-                                   job->pieces + job->piece_base[grab]};
+                                   job->pieces + job->piece_base[grab],
+                                   job->direction == LMCP_STORE ? LMCP_STREAM_STORE_BYTES : LMCP_STREAM_LOAD_BYTES};
             cur = &cursor;
         }
         lmcp_checker checker, *chk = NULL;
@@ -759,21 +764,14 @@ int lmcp_transfer(const lmcp_plane *planes, int64_t num_planes, const int64_t *s
     return 0;
 }
 
-/*
- * lmcp_transfer's store that also hashes every byte it writes into `buffer`, which holds the bytes of a
- * `payload`-byte object from object offset `origin`: each `stripe`-byte stripe's raw CRC state joins acc/lens
- * (lmcp_crc_merge; zeroed for the object's first bytes; an object's calls in any order, each byte once), which
- * lmcp_crc32c_finish turns into the stripes' CRC-32Cs. Returns 0; -1 for a bad argument, -2 when out of
- * memory (nothing moved), -3 or -4 for a bug (a grab's pieces miscounted, or overrunning a stripe).
- */
-int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots, int64_t slots_plane_stride,
-                      int64_t num_rows, uint8_t *buffer, int num_threads, int64_t origin, int64_t stripe,
-                      int64_t payload, uint32_t *acc, int64_t *lens) {
+/* lmcp_transfer_crc and lmcp_transfer_load_crc: the transfer in `direction`, hashing every buffer byte. */
+static int transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots, int64_t slots_plane_stride,
+                        int64_t num_rows, uint8_t *buffer, int direction, int num_threads, int64_t origin,
+                        int64_t stripe, int64_t payload, uint32_t *acc, int64_t *lens) {
     if (stripe <= 0 || origin < 0 || payload <= 0) return -1;
     lmcp_job job;
-    const int threads =
-        plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_STORE, num_threads,
-                 LMCP_GRABS_PER_THREAD);
+    const int threads = plan_job(&job, planes, num_planes, slots, slots_plane_stride, num_rows, buffer, direction,
+                                 num_threads, LMCP_GRABS_PER_THREAD);
     if (job.items == 0) return 0;
     job.origin = origin;
     job.stripe = stripe;
@@ -802,6 +800,33 @@ int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_
     free(pieces);
     free(base);
     return status;
+}
+
+/*
+ * lmcp_transfer's store that also hashes every byte it writes into `buffer`, which holds the bytes of a
+ * `payload`-byte object from object offset `origin`: each `stripe`-byte stripe's raw CRC state joins acc/lens
+ * (lmcp_crc_merge; zeroed for the object's first bytes; an object's calls in any order, each byte once), which
+ * lmcp_crc32c_finish turns into the stripes' CRC-32Cs. Returns 0; -1 for a bad argument, -2 when out of
+ * memory (nothing moved), -3 or -4 for a bug (a grab's pieces miscounted, or overrunning a stripe).
+ */
+int lmcp_transfer_crc(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots, int64_t slots_plane_stride,
+                      int64_t num_rows, uint8_t *buffer, int num_threads, int64_t origin, int64_t stripe,
+                      int64_t payload, uint32_t *acc, int64_t *lens) {
+    return transfer_crc(planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_STORE, num_threads,
+                        origin, stripe, payload, acc, lens);
+}
+
+/*
+ * lmcp_transfer's load that also hashes every byte of `buffer` it reads, as lmcp_transfer_crc hashes a store's:
+ * one pass over the object. The rows are written whatever their bytes; the caller compares the finished stripe
+ * CRCs with those the object carries and fails the load (before anything reads the rows) when they differ.
+ * Returns as lmcp_transfer_crc (-2: nothing moved).
+ */
+int lmcp_transfer_load_crc(const lmcp_plane *planes, int64_t num_planes, const int64_t *slots,
+                           int64_t slots_plane_stride, int64_t num_rows, uint8_t *buffer, int num_threads,
+                           int64_t origin, int64_t stripe, int64_t payload, uint32_t *acc, int64_t *lens) {
+    return transfer_crc(planes, num_planes, slots, slots_plane_stride, num_rows, buffer, LMCP_LOAD, num_threads,
+                        origin, stripe, payload, acc, lens);
 }
 
 /*

@@ -2,8 +2,8 @@
 
 Every transfer group of every whole chunk is moved with real slot lists (random distinct non-null blocks), into
 and out of one object per chunk laid out as the connector lays out LMCache's MemoryObjs. Store, load, the same
-store and load with the objects' checksum (hashed by the store's kernels as they copy, checked stripe by stripe
-as the load writes, as the connector does on CPU memory objects), and plain copies of the same byte count
+store and load with the objects' checksum (hashed by the store's and the load's kernels as they copy, as the
+connector does on CPU memory objects), and plain copies of the same byte count
 (`Tensor.copy_`, and on CPU a contiguous copy through the native library's thread pool; same thread count, the
 faster one is the memcpy reference) are timed in interleaved rounds after a warm-up, best of --repeats each;
 where upstream LMCache 0.5.6's own torch path can move the layout, it is timed the same way against its own
@@ -321,8 +321,8 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
                  payload: int) -> dict[str, Callable[[], None]]:
     """Store then seal the batch's objects, check them then load, and the checksum alone (CPU objects), as the
     connector does per batch of chunks: the store object by object, each group's kernel hashing the bytes it
-    copies (``KernelBackend.store_hashed``), the load checking each stripe just before writing its rows
-    (``KernelBackend.load_checked``); and the plain store and load object by object, the same way."""
+    copies (``KernelBackend.store_hashed``), the load too (``KernelBackend.load_hashed``), its verdict after
+    the copy; and the plain store and load object by object, the same way."""
     from lmcache_platforms.connector import checksum
     from lmcache_platforms.kernels.contract import Direction
     from lmcache_platforms.layout.plane import buffer_bytes
@@ -380,13 +380,19 @@ def _checksummed(objects: list[torch.Tensor], batches: list[Batch], backend, loa
 def _load_verified(backend, obj: torch.Tensor, payload: int,
                    launches: Iterable[tuple[Sequence[Plane], torch.Tensor, int, int]]) -> None:
     """One sealed host object loaded as the connector loads one: each launch (planes, slots, object offset,
-    bytes) writing only rows whose stripes match, then the whole object checked; raises at the first stripe
-    that does not (bench seals its own objects, so none should)."""
+    bytes) hashing the bytes it copies, then the object's stripes compared with those it carries; raises when
+    they differ (bench seals its own objects, so none should)."""
+    import torch
+
     from lmcache_platforms.connector import checksum
 
-    check = checksum.object_check(obj, payload)
-    if check is None or not all(backend.load_checked(planes, rows, obj[offset : offset + nbytes], check, offset)
-                                for planes, rows, offset, nbytes in launches) or not check.check(0, payload):
+    (carried,) = checksum.carried_stripes([obj], payload)
+    hashed = checksum.object_stripes(payload)[0]
+    for planes, rows, offset, nbytes in launches:
+        backend.load_hashed(planes, rows, obj[offset : offset + nbytes], hashed, offset)
+    got = torch.empty(hashed.count, dtype=torch.int32)
+    hashed.finish(got)
+    if carried is None or not torch.equal(carried, got):
         raise RuntimeError("bench: a sealed object failed its checksum")
 
 
@@ -395,7 +401,7 @@ FLOOR_ROW_BYTES = 64 << 10
 
 def _checked_floor(count: int, per_object: int, backend) -> dict[str, Callable[[], None]]:
     """The same number of objects of about the same size, each loaded into contiguous 64 KiB rows, plain and
-    checked: what checking each stripe before writing it costs where the layout adds nothing (rows that are
+    checked: what hashing each byte as it is copied costs where the layout adds nothing (rows that are
     whole stripes, one run), so a layout's ``checksum_load_cost_per_object`` reads against this floor. Nothing
     without the native CRC-32C, where a load checks each object whole before writing any of it."""
     import torch
@@ -490,7 +496,7 @@ def measure(args: argparse.Namespace) -> dict:
         "checksum_load_cost_per_object":
             ours["load_checksummed"] / ours["load_per_object"] - 1 if "checksum" in ours else None,
         "checksum_GBps": moved / ours["checksum"] / GIB if "checksum" in ours else None,
-        # The same load cost where the layout adds nothing: the cost of reading each stripe before writing it.
+        # The same load cost where the layout adds nothing: the cost of hashing each byte as it is copied.
         "checksum_load_floor": ours["floor_checked"] / ours["floor_load"] - 1 if "floor_load" in ours else None,
         # Off CPU: the whole path to and from LMCache's pinned host objects, against a pinned copy each way.
         **_pinned_figures(ours, moved),

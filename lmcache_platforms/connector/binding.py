@@ -241,19 +241,19 @@ class LayoutBinding:
 
     def load_verified(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                       slots: Mapping[int, torch.Tensor]) -> list[int]:
-        """Checks the objects of ``hosts`` and loads them whole; returns the indices of those whose bytes do not
-        match their checksum. No byte that failed its check is ever written; a mismatch stops the load, after
-        the verified bytes before it were written, which the failed load's recompute overwrites. Host objects
-        (the native library built) are checked stripe by stripe against the CRCs they carry, each stripe just
-        before its rows are written (``_load_checked``), so its bytes are read from memory once. Staged on a GPU
-        each run of objects is hashed there once it has crossed, on a side stream while the next ones cross
-        (``HASH_RUN_BYTES``), and each scratch-full's CRCs are read back and compared with those its objects
-        carry before its own launches (the device hashes far faster than the bus moves, and a host pass in a
-        vLLM worker runs on one thread). Otherwise every object
-        is checked before the first launch. Runs on the load stream itself."""
+        """Loads the objects of ``hosts`` whole and checks them; returns the indices of those whose bytes do not
+        match their checksum, before anything may read the rows: the caller then fails the load (LMCache's
+        retrieve reports no token), and vLLM recomputes over the rows, so no request is answered from them.
+        Host objects (the native library built) are hashed as they are copied (``_load_hashed``): one read of
+        each object, and a corrupt one's rows are written before the verdict. An object whose stripe table fails
+        its trailer writes nothing. Staged on a GPU each run of objects is hashed there once it has crossed, on
+        a side stream while the next ones cross (``HASH_RUN_BYTES``), and each scratch-full's CRCs are read back
+        and compared with those its objects carry before its own launches (the device hashes far faster than
+        the bus moves, and a host pass in a vLLM worker runs on one thread): no byte of a corrupt object is
+        written. Otherwise every object is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
         if stripes is None and self._hashes_host_objects():
-            return self._load_checked(fmt, hosts, slots)
+            return self._load_hashed(fmt, hosts, slots)
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:
             with self.streams.loading():
@@ -292,18 +292,26 @@ class LayoutBinding:
         host objects (not staged on a device) and the native CRC-32C built."""
         return not self.scratch and checksum.stripes_are_crc32c()
 
-    def _load_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
-                      slots: Mapping[int, torch.Tensor]) -> list[int]:
-        """Host objects one by one, each launch writing only rows whose stripes matched (``load_checked``); an
-        object counts as intact only once every stripe matched, those no row needed included. At the first
-        mismatch the load stops; the objects after it are checked, not written, so every corrupt one is named."""
+    def _load_hashed(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
+                     slots: Mapping[int, torch.Tensor]) -> list[int]:
+        """Host objects loaded whole, each launch hashing the bytes it copies (``KernelBackend.load_hashed``),
+        then every object's stripes compared with the CRCs it carries: the indices of those that differ. When
+        an object's table fails its trailer nothing is written, and every corrupt object is named (a pass over
+        them all, only then)."""
         self._check_usable()
         size = fmt.payload_bytes
-        for index, (host, check) in enumerate(zip(hosts, checksum.object_checks(hosts, size), strict=True)):
-            if (check is None or not self._load_launches(fmt.launches, host, slots, index, check)
-                    or not check.check(0, size)):
-                return [index] + [index + 1 + later for later in checksum.mismatched(hosts[index + 1 :], size)]
-        return []
+        carried = checksum.carried_stripes(hosts, size)
+        if any(table is None for table in carried):
+            return checksum.mismatched(hosts, size)
+        hashing = checksum.object_stripes(size, len(hosts))
+        stripes = checksum.stripe_room(size, len(hosts))
+        assert stripes is not None, "object_stripes made them, so the native CRC-32C is there"
+        for index, host in enumerate(hosts):
+            for launch in fmt.launches:
+                region = host[launch.offset : launch.offset + launch.nbytes]
+                self._hashed(launch, slots[launch.tg.group][index], region, hashing[index], Direction.LOAD)
+            hashing[index].finish(stripes[index])
+        return checksum.differing(carried, stripes)
 
     def _load_launches(self, launches: Sequence[Launch], host: torch.Tensor, slots: Mapping[int, torch.Tensor],
                        index: int, check: ObjectCheck) -> bool:
@@ -343,7 +351,7 @@ class LayoutBinding:
                     if hashed is None:
                         self._transfer(launch, slots[launch.tg.group][index], region, direction)
                     else:
-                        self._store_hashed(launch, slots[launch.tg.group][index], region, hashed)
+                        self._hashed(launch, slots[launch.tg.group][index], region, hashed, Direction.STORE)
                 if hashed is not None and stripes is not None:
                     hashed.finish(stripes[index])
             return []
@@ -398,9 +406,11 @@ class LayoutBinding:
         self.counters.launches += 1
         self.counters.backends.add(backend.name)
 
-    def _store_hashed(self, launch: Launch, rows: torch.Tensor, region: torch.Tensor, hashed: ObjectStripes) -> None:
+    def _hashed(self, launch: Launch, rows: torch.Tensor, region: torch.Tensor, hashed: ObjectStripes,
+                direction: Direction) -> None:
         backend = self._backends[id(launch.planes)]
-        backend.store_hashed(launch.planes, rows, region, hashed, launch.offset)
+        move = backend.store_hashed if direction is Direction.STORE else backend.load_hashed
+        move(launch.planes, rows, region, hashed, launch.offset)
         self.counters.launches += 1
         self.counters.backends.add(backend.name)
 

@@ -4,16 +4,17 @@ LMCache 0.5.6's objects carry none: a remote value overwritten with bytes of the
 a hit. Each object (a chunk, a chunk part, a layerwise step) follows its payload with the table of its 64 KiB
 stripes' CRC-32Cs (4 bytes each, little-endian) and an 8-byte trailer, the checksum and a 4-byte mark, inside
 the padding the chunk format has anyway (``chunk_format`` makes room with ``tail_bytes``). The store writes them
-once the rows are in host memory; a load writes no byte whose stripe does not match the table, and takes the
-table only when its CRC matches the trailer (``LayoutBinding.load_verified`` says in which order).
+once the rows are in host memory; a load takes the table only when its CRC matches the trailer, and fails before
+anything may read the rows when a stripe does not match it (``LayoutBinding.load_verified`` says when).
 
 The checksum is the CRC-32C of the table, the list of CRC-32Cs of the payload's 64 KiB stripes. A whole-chunk
 store into host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it
 (``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``; layer by layer too, the pieces joining in
-any order: ``LayoutBinding.layer_stripes``), and a load from host objects checks
-each stripe against the table just before its rows are written (``object_checks``,
-``KernelBackend.load_checked``, also layer by layer: ``LayoutBinding.load_layer_checked``): no second pass
-over the object either way. Otherwise (a store or load staged on a device that cannot hash) the
+any order: ``LayoutBinding.layer_stripes``); a whole-chunk load from host objects hashes as it copies too
+(``KernelBackend.load_hashed``) and compares at the end (``carried_stripes``, ``differing``), and a load of one
+layer at a time checks each stripe against the table just before its rows are written (``object_checks``,
+``KernelBackend.load_checked``, ``LayoutBinding.load_layer_checked``): no second pass over the object either
+way. Otherwise (a store or load staged on a device that cannot hash) the
 native CPU library hashes the objects (``kernels.crc32c``: an AVX-512 carry-less fold, or the
 CRC-32C instruction of x86-64 or aarch64 on three stripes at once) on as many threads as the kernels use; for
 chunks the connector stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same

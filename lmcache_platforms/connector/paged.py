@@ -138,7 +138,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
             # chunk of another layout) is then one failed load, and LMCache's retrieve still releases its
             # references to every chunk instead of leaking them when this raised out of it. So does the checksum
-            # check: no byte of a corrupt object reaches the KV cache (``load_verified``).
+            # check: a corrupt object fails the load before anything reads its rows (``load_verified``).
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
             slots = binding.chunk_slots(fmt, block_ids, starts, ends)
             if gate is None:

@@ -1,13 +1,14 @@
 """What a load does with a chunk object whose checksum does not match (``connector.checksum``).
 
-The GPU connector checks every object before a byte of it reaches the KV cache (host objects stripe by stripe,
-each just before its rows are written; on a GPU a scratch-full at a time, ``LayoutBinding.load_verified``); if
-one fails, it writes nothing more and calls ``report_corrupt``. It does not know the objects' keys (LMCache
+The GPU connector checks every object before anything may read the rows it loads (host objects hashed as they are
+copied, then compared; on a GPU a scratch-full at a time, before its writes: ``LayoutBinding.load_verified``); if
+one fails, it calls ``report_corrupt``. It does not know the objects' keys (LMCache
 hands it bare MemoryObjs), so ``verified_retrieve`` wraps the engine instance's ``retrieve``: a call that met a
 corrupt object returns an all-false mask (no token arrived: vLLM's integration reports the load failed and
 recomputes), logs each bad object with its key, and removes it from every LMCache tier so the next lookup
 misses instead of failing again. Outside that wrapper (layerwise loads, a caller of the bare engine) a
-mismatch raises ``ChecksumMismatch``: no byte that failed its check written, never silently loaded.
+mismatch raises ``ChecksumMismatch``: the caller learns the load failed before it reads the rows, never silently
+loaded.
 
 ``instance_adapter.adapt_engine`` installs it innermost: each part's retrieve goes through it.
 """
@@ -35,12 +36,12 @@ class ChecksumMismatch(TransferError):
 
 
 def report_corrupt(bounds: Sequence[tuple[int, int]]) -> None:
-    """The connector refused a batch holding these corrupt chunks (and wrote no byte that failed its check)."""
+    """The connector found these corrupt chunks in a batch it loaded: the load failed."""
     found = _corrupt.get()
     if found is None:
         chunks = ", ".join(f"[{start}, {end})" for start, end in bounds)
-        raise ChecksumMismatch(f"the stored object of chunk {chunks} fails its checksum: the load stopped, no byte "
-                               "that failed the check was written")
+        raise ChecksumMismatch(f"the stored object of chunk {chunks} fails its checksum: the load failed, do not "
+                               "read its rows")
     found.extend(bounds)
 
 
@@ -70,7 +71,6 @@ def _discard(engine: Any, tokens: Any, mask: torch.Tensor | None, kwargs: dict[s
         if start not in starts:
             continue
         removed = engine.storage_manager.remove(key)
-        logger.error("request %s: LMCache object %s (tokens [%d, %d)) fails its checksum: the load stopped before "
-                     "any byte that failed the check, it reports no token, and the object was removed (%d of its "
-                     "copies)",
+        logger.error("request %s: LMCache object %s (tokens [%d, %d)) fails its checksum: the load reports no "
+                     "token, and the object was removed (%d of its copies)",
                      kwargs.get("req_id"), key.to_string(), start, end, removed)

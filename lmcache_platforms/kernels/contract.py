@@ -126,6 +126,15 @@ class KernelBackend(abc.ABC):
         self.transfer(planes, slots, buffer, Direction.STORE)
         stripes.feed(buffer, offset)
 
+    def load_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                    stripes: StripeSink, offset: int) -> None:
+        """A load from host ``buffer``, the object's payload bytes from ``offset``, that also adds every byte it
+        reads to ``stripes``: the rows are written whatever their bytes, and the caller compares the finished
+        stripes with those the object carries before anything may read the rows. This default hashes the buffer,
+        then loads; a backend that can hashes the bytes as it copies them (one pass over the object)."""
+        stripes.feed(buffer, offset)
+        self.transfer(planes, slots, buffer, Direction.LOAD)
+
     def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: StripeCheck,
                      offset: int) -> bool:
         """A load from host ``buffer``, the object's payload bytes from ``offset``, that writes only bytes whose

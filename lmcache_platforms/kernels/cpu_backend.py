@@ -65,17 +65,26 @@ class CpuBackend(KernelBackend):
     def store_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
                      stripes: StripeSink, offset: int) -> None:
         """The store hashes each byte as it copies it (``lmcp_transfer_crc``), on the same threads."""
-        lib, call = self._checked(planes, slots, buffer, Direction.STORE)
+        self._hashed(planes, slots, buffer, stripes, offset, Direction.STORE)
+
+    def load_hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor,
+                    stripes: StripeSink, offset: int) -> None:
+        """The load hashes each byte as it copies it (``lmcp_transfer_load_crc``), on the same threads."""
+        self._hashed(planes, slots, buffer, stripes, offset, Direction.LOAD)
+
+    def _hashed(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, stripes: StripeSink,
+                offset: int, direction: Direction) -> None:
+        lib, call = self._checked(planes, slots, buffer, direction)
         if call is None:
             stripes.feed(buffer, offset)
             return
-        status = lib.lmcp_transfer_crc(*call.args, torch.get_num_threads(), offset, stripes.stripe,
-                                       stripes.payload_bytes, stripes.registers_address,
-                                       stripes.lengths_address)
+        entry = lib.lmcp_transfer_crc if direction is Direction.STORE else lib.lmcp_transfer_load_crc
+        status = entry(*call.args, torch.get_num_threads(), offset, stripes.stripe, stripes.payload_bytes,
+                       stripes.registers_address, stripes.lengths_address)
         if status == -2:
-            raise MemoryError("the native store could not allocate its list of hashed pieces")
+            raise MemoryError(f"the native hashing {direction.value} could not allocate its list of hashed pieces")
         if status != 0:
-            raise TransferError(f"native hashing store failed with status {status}")
+            raise TransferError(f"native hashing {direction.value} failed with status {status}")
 
     def load_checked(self, planes: Sequence[Plane], slots: torch.Tensor, buffer: torch.Tensor, check: StripeCheck,
                      offset: int) -> bool:

@@ -26,11 +26,15 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot load {path}: {exc}; {REBUILD_HINT}"
     if version != ABI_VERSION:
         return None, f"{path} has ABI {version}, this package needs {ABI_VERSION}; {REBUILD_HINT}"
+    if not hasattr(lib, "lmcp_transfer_load_crc"):
+        return None, f"{path} predates the load that hashes as it copies; {REBUILD_HINT}"
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.lmcp_transfer.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.lmcp_transfer.restype = ctypes.c_int
     lib.lmcp_transfer_crc.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, i64, i64, vp, vp]
     lib.lmcp_transfer_crc.restype = ctypes.c_int
+    lib.lmcp_transfer_load_crc.argtypes = lib.lmcp_transfer_crc.argtypes
+    lib.lmcp_transfer_load_crc.restype = ctypes.c_int
     lib.lmcp_transfer_checked.argtypes = [vp, i64, vp, i64, i64, vp, ctypes.c_int, i64, vp, i64, i64, vp, vp]
     lib.lmcp_transfer_checked.restype = ctypes.c_int
     return lib, ""

@@ -3,14 +3,14 @@
 Timing a whole engine with the checksum and again without it compares runs that differ by more than the
 checksum does (the same configuration's runs differ by up to 80 % on a busy 2-core machine). Instead, in the
 engine pass (installed before the engine starts, measurement only), every host-object kernel call that hashes
-or checks (``CpuBackend.store_hashed``, ``CpuBackend.load_checked``) is paired with the plain call of the same
-arguments (``transfer``: the same bytes written to the same place), which of the two goes first drawn at
+or checks (``CpuBackend.store_hashed``, ``load_hashed``, ``load_checked``) is paired with the plain call of the
+same arguments (``transfer``: the same bytes written to the same place), which of the two goes first drawn at
 random, so that neither always finds the other's bytes in cache or comes first after a forward pass; and the
 connector's calls that exist only for the checksum (reading and sealing an object's stripe table, the stripe
-states) are timed. The checksum's cost is
+states, comparing a load's stripes) are timed, each for the direction the paged connector is moving (a store's
+stripe states and a load's are made by the same functions). The checksum's cost is
 then the kernels' difference plus those calls, and the cost without it is LMCache's own figure minus the paired
-plain calls, which ran inside it. While installed, a load's plain call may write a row before its checked
-twin refuses it: never for a serving engine, harmless for the bench's own intact objects.
+plain calls, which ran inside it.
 
 These patch our own classes and module functions for one process, not upstream's, so they are not in the
 patch registry.
@@ -20,15 +20,21 @@ from __future__ import annotations
 
 import functools
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-# The connector's checksum-only calls, by direction: module functions of ``connector.checksum``, then methods.
+# The connector's checksum-only calls, by the direction they serve outside a paged store or load: module
+# functions of ``connector.checksum``, then methods.
 _PYTHON_CALLS = {
     "store": (("stripe_room", "object_stripes", "seal"), ("ObjectStripes.finish",)),
-    "load": (("object_checks", "mismatched"), ("ObjectCheck.check",)),
+    "load": (("object_checks", "mismatched", "differing"), ("ObjectCheck.check",)),
 }
+# The kernel calls paired with a plain twin: (direction, CpuBackend method).
+_PAIRED = (("store", "store_hashed"), ("load", "load_hashed"), ("load", "load_checked"))
+# The direction the paged connector is moving on this thread (async loads run beside the engine's stores).
+_MOVING = threading.local()
 
 
 class Totals:
@@ -49,16 +55,28 @@ TOTALS = Totals()
 _ORDER = random.Random(0)
 
 
-def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+def _timed(direction: str, function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
             return function(*args, **kwargs)
         finally:
-            TOTALS.seconds[key] += time.perf_counter() - started
+            TOTALS.seconds[f"{getattr(_MOVING, 'direction', direction)}_python"] += time.perf_counter() - started
 
     return timed
+
+
+def _moving(direction: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def moving(*args: Any, **kwargs: Any) -> Any:
+        _MOVING.direction = direction
+        try:
+            return function(*args, **kwargs)
+        finally:
+            del _MOVING.direction
+
+    return moving
 
 
 def _paired(direction: str, hashing: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,18 +110,21 @@ def install(setter: Callable[[object, str, Any], None] = setattr) -> None:
     """Pairs and times this process's checksum calls into ``TOTALS``: call once, before the engine starts.
     ``setter`` replaces each attribute (a test passes one that puts them back)."""
     from lmcache_platforms.connector import checksum
+    from lmcache_platforms.connector.paged import LayoutGPUConnector
     from lmcache_platforms.kernels import crc32c
     from lmcache_platforms.kernels.cpu_backend import CpuBackend
 
-    for direction, method in (("store", "store_hashed"), ("load", "load_checked")):
+    for direction, method in _PAIRED:
         setter(CpuBackend, method, _paired(direction, getattr(CpuBackend, method)))
+    for direction, method in (("store", "batched_from_gpu"), ("load", "batched_to_gpu")):
+        setter(LayoutGPUConnector, method, _moving(direction, getattr(LayoutGPUConnector, method)))
     for direction, (functions, methods) in _PYTHON_CALLS.items():
         for name in functions:
-            setter(checksum, name, _timed(f"{direction}_python", getattr(checksum, name)))
+            setter(checksum, name, _timed(direction, getattr(checksum, name)))
         for qualified in methods:
             owner, name = qualified.split(".")
             cls = getattr(crc32c, owner)
-            setter(cls, name, _timed(f"{direction}_python", getattr(cls, name)))
+            setter(cls, name, _timed(direction, getattr(cls, name)))
 
 
 def cost(totals: dict[str, Any], direction: str, lmcache_seconds: list[float]) -> dict[str, float | None]:

@@ -57,7 +57,8 @@ class Scripted:
 
 def test_installed_each_call_runs_with_its_plain_twin_and_the_bytes_stay_exact(monkeypatch) -> None:
     monkeypatch.setattr(checksum_cost, "TOTALS", checksum_cost.Totals())
-    order = Scripted([0.9, 0.9, 0.1, 0.9, 0.1])  # the store; two intact loads, two corrupt ones: each order once
+    # The store; two intact loads checked stripe by stripe, two corrupt ones: each order once; a hashed load.
+    order = Scripted([0.9, 0.9, 0.1, 0.9, 0.1, 0.1])
     monkeypatch.setattr(checksum_cost, "_ORDER", order)
     checksum_cost.install(monkeypatch.setattr)
     planes, slots = parallel_group()
@@ -85,9 +86,16 @@ def test_installed_each_call_runs_with_its_plain_twin_and_the_bytes_stay_exact(m
     flat[7] ^= 1  # the checked call's verdict is what the pair returns, whichever ran first
     assert [CPU.load_checked(planes, slots, flat[:payload], checksum.object_check(flat, payload), 0)
             for _ in range(2)] == [False, False]
+    flat[7] ^= 1
+    for storage in {id(a): a for a in allocations(planes)}.values():
+        storage.zero_()
+    (loaded,) = checksum.object_stripes(payload)
+    CPU.load_hashed(planes, slots, flat[:payload], loaded, 0)
+    for got, expected in zip(allocations(planes), allocations(reference), strict=True):
+        assert torch.equal(got, expected)
     assert order.draws == []
     seen = checksum_cost.TOTALS.as_dict()
-    assert (seen["store_calls"], seen["load_calls"]) == (1, 4)
+    assert (seen["store_calls"], seen["load_calls"]) == (1, 5)
     assert all(seen[key] > 0 for key in ("store_checksummed", "store_plain", "store_python", "load_checksummed",
                                          "load_plain", "load_python")), seen
 
@@ -101,3 +109,15 @@ def test_without_install_nothing_is_paired_or_timed(monkeypatch) -> None:
     (hashed,) = checksum.object_stripes(payload)
     CPU.store_hashed(planes, slots, flat[:payload], hashed, 0)
     assert checksum_cost.TOTALS.as_dict() == checksum_cost.Totals().as_dict()
+
+
+def test_the_checksums_own_calls_count_for_the_direction_the_connector_moves(monkeypatch) -> None:
+    """A load makes its stripe states with the store's functions: inside the paged connector's load they are the
+    load's cost; outside any move, the direction they serve by default."""
+    monkeypatch.setattr(checksum_cost, "TOTALS", checksum_cost.Totals())
+    checksum_cost.install(monkeypatch.setattr)
+    checksum_cost._moving("load", checksum.object_stripes)(1 << 20, 4)
+    seen = checksum_cost.TOTALS.as_dict()
+    assert seen["load_python"] > 0 and seen["store_python"] == 0
+    checksum.object_stripes(1 << 20, 4)
+    assert checksum_cost.TOTALS.as_dict()["store_python"] > 0
