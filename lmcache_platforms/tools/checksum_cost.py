@@ -7,10 +7,10 @@ or checks (``CpuBackend.store_hashed``, ``load_hashed``, ``load_checked``) is pa
 same arguments (``transfer``: the same bytes written to the same place), which of the two goes first drawn at
 random, so that neither always finds the other's bytes in cache or comes first after a forward pass; and the
 connector's calls that exist only for the checksum (reading and sealing an object's stripe table, the stripe
-states, comparing a load's stripes) are timed, each for the direction the paged connector is moving (a store's
-stripe states and a load's are made by the same functions). The checksum's cost is
-then the kernels' difference plus those calls, and the cost without it is LMCache's own figure minus the paired
-plain calls, which ran inside it.
+states, comparing a load's stripes) are timed, each for the direction it serves (inside
+``LayoutBinding.load_verified`` the load's: a load makes its stripe states with the store's functions). The
+checksum's cost is then the kernels' difference plus those calls, and the cost without it is LMCache's own figure
+minus the paired plain calls, which ran inside it.
 
 These patch our own classes and module functions for one process, not upstream's, so they are not in the
 patch registry.
@@ -33,7 +33,7 @@ _PYTHON_CALLS = {
 }
 # The kernel calls paired with a plain twin: (direction, CpuBackend method).
 _PAIRED = (("store", "store_hashed"), ("load", "load_hashed"), ("load", "load_checked"))
-# The direction the paged connector is moving on this thread (async loads run beside the engine's stores).
+# "load" on a thread inside ``LayoutBinding.load_verified`` (async loads run beside the engine's stores).
 _MOVING = threading.local()
 
 
@@ -110,14 +110,15 @@ def install(setter: Callable[[object, str, Any], None] = setattr) -> None:
     """Pairs and times this process's checksum calls into ``TOTALS``: call once, before the engine starts.
     ``setter`` replaces each attribute (a test passes one that puts them back)."""
     from lmcache_platforms.connector import checksum
-    from lmcache_platforms.connector.paged import LayoutGPUConnector
+    from lmcache_platforms.connector.binding import LayoutBinding
     from lmcache_platforms.kernels import crc32c
     from lmcache_platforms.kernels.cpu_backend import CpuBackend
 
     for direction, method in _PAIRED:
         setter(CpuBackend, method, _paired(direction, getattr(CpuBackend, method)))
-    for direction, method in (("store", "batched_from_gpu"), ("load", "batched_to_gpu")):
-        setter(LayoutGPUConnector, method, _moving(direction, getattr(LayoutGPUConnector, method)))
+    # Not LMCache's connector classes: importing LMCache here loads llvmlite before vLLM starts, and vLLM 0.32's
+    # Triton kernel scan over sys.modules fails on one of llvmlite's objects.
+    setter(LayoutBinding, "load_verified", _moving("load", LayoutBinding.load_verified))
     for direction, (functions, methods) in _PYTHON_CALLS.items():
         for name in functions:
             setter(checksum, name, _timed(direction, getattr(checksum, name)))

@@ -112,8 +112,8 @@ def test_without_install_nothing_is_paired_or_timed(monkeypatch) -> None:
 
 
 def test_the_checksums_own_calls_count_for_the_direction_the_connector_moves(monkeypatch) -> None:
-    """A load makes its stripe states with the store's functions: inside the paged connector's load they are the
-    load's cost; outside any move, the direction they serve by default."""
+    """A load makes its stripe states with the store's functions: inside ``load_verified`` they are the load's
+    cost; elsewhere, the direction they serve by default."""
     monkeypatch.setattr(checksum_cost, "TOTALS", checksum_cost.Totals())
     checksum_cost.install(monkeypatch.setattr)
     checksum_cost._moving("load", checksum.object_stripes)(1 << 20, 4)
