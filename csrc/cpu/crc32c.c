@@ -557,6 +557,30 @@ int lmcp_crc32c_finish(int64_t payload, int64_t stripe, const uint32_t *acc, con
     return 0;
 }
 
+/*
+ * Finishes the stripe states of `n` objects of `payload` bytes (acc/lens: `count` stripes per object, the objects
+ * back to back) and compares each object's CRC-32Cs with its expected ones at expected + i * stride; bad[i] says
+ * whether they differ. Returns how many differ; -1 when a stripe's bytes did not all come exactly once (a bug).
+ */
+int64_t lmcp_crc32c_verify_all(int64_t n, int64_t payload, int64_t stripe, const uint32_t *acc, const int64_t *lens,
+                               const uint32_t *expected, int64_t stride, uint8_t *bad) {
+    if (payload <= 0 || stripe <= 0) return -1;
+    pthread_once(&table_once, build_tables);
+    const int64_t count = (payload + stripe - 1) / stripe, last = payload - (count - 1) * stripe;
+    const uint32_t whole = shift(0xFFFFFFFFu, stripe), partial = shift(0xFFFFFFFFu, last);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bad[i] = 0;
+        for (int64_t k = 0; k < count; k++) {
+            const int64_t at = i * count + k, want = k == count - 1 ? last : stripe;
+            if (lens[at] != want) return -1;
+            if (~((want == stripe ? whole : partial) ^ acc[at]) != expected[i * stride + k]) bad[i] = 1;
+        }
+        differ += bad[i];
+    }
+    return differ;
+}
+
 static uint32_t load_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }

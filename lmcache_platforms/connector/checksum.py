@@ -11,7 +11,7 @@ The checksum is the CRC-32C of the table, the list of CRC-32Cs of the payload's 
 store into host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it
 (``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``; layer by layer too, the pieces joining in
 any order: ``LayoutBinding.layer_stripes``); a whole-chunk load from host objects hashes as it copies too
-(``KernelBackend.load_hashed``) and compares at the end (``carried_stripes``, ``differing``), and a load of one
+(``KernelBackend.load_hashed``) and compares at the end (``carried_tables``, ``unverified``), and a load of one
 layer at a time checks each stripe against the table just before its rows are written (``object_checks``,
 ``KernelBackend.load_checked``, ``LayoutBinding.load_layer_checked``): no second pass over the object either
 way. Otherwise (a store or load staged on a device that cannot hash) the
@@ -229,6 +229,28 @@ def object_checks(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[Obj
 def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
     """``object_checks`` of one object."""
     return object_checks([flat], payload_bytes)[0]
+
+
+def carried_tables(flats: Sequence[torch.Tensor], payload_bytes: int) -> torch.Tensor | None:
+    """The stripe CRCs the host objects carry, read in one native call (``NativeCrc32c.open_tables``), for
+    ``unverified``; None when any object's table does not match its trailer. Needs the native CRC-32C."""
+    lib = native()
+    if lib is None:
+        raise RuntimeError("stripe tables need the native CRC-32C, which this process does not have")
+    for flat in flats:
+        if not _addressable(flat):
+            raise ValueError("a hashed load needs its object as a contiguous 1-D uint8 tensor in host memory, "
+                             f"got {tuple(flat.shape)} {flat.dtype} on {flat.device}")
+    room, opened = lib.open_tables(flats, payload_bytes, STRIPE_BYTES, _MARK_WORD)
+    return room if all(opened) else None
+
+
+def unverified(hashing: Sequence[ObjectStripes], tables: torch.Tensor) -> list[int]:
+    """Indices of the objects whose stripes a load hashed as it copied (``hashing``, from ``object_stripes``)
+    differ from those they carry (``carried_tables``): one native call for them all."""
+    lib = native()
+    assert lib is not None, "object_stripes made the states, so the native CRC-32C is there"
+    return lib.verify(hashing, tables)
 
 
 def carried_stripes(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[torch.Tensor | None]:

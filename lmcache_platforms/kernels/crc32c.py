@@ -62,6 +62,9 @@ class NativeCrc32c:
         self._open_all = lib.lmcp_crc32c_open_all
         self._open_all.argtypes = [vp, vp, i64, i64, i64, ctypes.c_uint32, vp, vp]
         self._open_all.restype = None
+        self._verify_all = lib.lmcp_crc32c_verify_all
+        self._verify_all.argtypes = [i64, i64, i64, vp, vp, vp, i64, vp]
+        self._verify_all.restype = i64
 
     @property
     def folding(self) -> int:
@@ -99,21 +102,48 @@ class NativeCrc32c:
         self._seal_all(addresses.buffer_info()[0], len(flats), payload_bytes, stripes.shape[-1], stripes.data_ptr(),
                        mark)
 
-    def open_objects(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
-                     mark: int) -> list[ObjectCheck | None]:
-        """A load's check of each contiguous host uint8 object of ``flats`` against the stripe CRCs it carries
-        after its payload, from one allocation and one native call; None where the object is too short to hold
-        its table and trailer, or its trailer does not hold ``mark`` and their CRC-32C."""
+    def open_tables(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
+                    mark: int) -> tuple[torch.Tensor, list[bool]]:
+        """The stripe CRCs each contiguous host uint8 object of ``flats`` carries after its payload, from one
+        allocation and one native call: ``room`` (``[objects, 2, stripes]`` int32: each object's expected CRCs,
+        then one zeroed check state per stripe) and whether each opened (not when the object is too short to hold
+        its table and trailer, or its trailer does not hold ``mark`` and their CRC-32C)."""
         count, objects = table_stripes(payload_bytes, stripe), len(flats)
-        room = torch.empty(2 * count * objects, dtype=torch.int32)
+        room = torch.empty((objects, 2, count), dtype=torch.int32)
         addresses = array.array("Q", [flat.data_ptr() for flat in flats])
         sizes = array.array("q", [flat.numel() for flat in flats])
         opened = array.array("B", bytes(objects))
-        base = room.data_ptr()
-        self._open_all(addresses.buffer_info()[0], sizes.buffer_info()[0], objects, payload_bytes, count, mark, base,
-                       opened.buffer_info()[0])
-        return [ObjectCheck(self, flat, payload_bytes, stripe, room, index, count, base) if opened[index] else None
-                for index, flat in enumerate(flats)]
+        self._open_all(addresses.buffer_info()[0], sizes.buffer_info()[0], objects, payload_bytes, count, mark,
+                       room.data_ptr(), opened.buffer_info()[0])
+        return room, [bool(flag) for flag in opened]
+
+    def open_objects(self, flats: Sequence[torch.Tensor], payload_bytes: int, stripe: int,
+                     mark: int) -> list[ObjectCheck | None]:
+        """A load's stripe-by-stripe check of each object of ``flats`` against the stripe CRCs it carries
+        (``open_tables``); None where it did not open."""
+        room, opened = self.open_tables(flats, payload_bytes, stripe, mark)
+        count, flat_room = room.shape[-1], room.view(-1)
+        return [ObjectCheck(self, flat, payload_bytes, stripe, flat_room, index, count, flat_room.data_ptr())
+                if opened[index] else None for index, flat in enumerate(flats)]
+
+    def verify(self, states: Sequence[ObjectStripes], room: torch.Tensor) -> list[int]:
+        """Indices of the objects whose finished stripe states (``states``, from one ``stripe_states`` call, in
+        its order) differ from the CRCs they carry (``room`` from ``open_tables``, every object opened): one
+        native call for them all."""
+        if not states:
+            return []
+        first = states[0]
+        if any(state.registers_address != first.registers_address + 4 * index * first.count
+               or state.lengths_address != first.lengths_address + 8 * index * first.count
+               for index, state in enumerate(states)):
+            raise ValueError("verify takes the stripe states of one stripe_states call, in its order")
+        bad = array.array("B", bytes(len(states)))
+        differ = self._verify_all(len(states), first.payload_bytes, first.stripe, first.registers_address,
+                                  first.lengths_address, room.data_ptr(), 2 * room.shape[-1], bad.buffer_info()[0])
+        if differ < 0:
+            raise RuntimeError(f"the stripe states of {len(states)} {first.payload_bytes}-byte objects did not get "
+                               "every payload byte exactly once")
+        return [index for index, flag in enumerate(bad) if flag]
 
     def object_stripes(self, payload_bytes: int, stripe: int) -> ObjectStripes:
         """An empty stripe state for one object of ``payload_bytes`` bytes."""
@@ -232,7 +262,7 @@ def native() -> NativeCrc32c | None:
     lib, _ = load_library()
     if lib is None:
         return None
-    if not hasattr(lib, "lmcp_crc32c_open_all"):
+    if not hasattr(lib, "lmcp_crc32c_verify_all"):
         logger.warning("the native CPU library predates its current CRC-32C functions: chunk checksums use "
                        "zlib's CRC-32, slower, and servers with a current build do not share chunks with this one; %s",
                        REBUILD_HINT)

@@ -29,7 +29,7 @@ from typing import Any
 # functions of ``connector.checksum``, then methods.
 _PYTHON_CALLS = {
     "store": (("stripe_room", "object_stripes", "seal"), ("ObjectStripes.finish",)),
-    "load": (("object_checks", "mismatched", "differing"), ("ObjectCheck.check",)),
+    "load": (("object_checks", "mismatched", "carried_tables", "unverified"), ("ObjectCheck.check",)),
 }
 # The kernel calls paired with a plain twin: (direction, CpuBackend method).
 _PAIRED = (("store", "store_hashed"), ("load", "load_hashed"), ("load", "load_checked"))

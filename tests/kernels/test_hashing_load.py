@@ -1,22 +1,19 @@
 """The load that hashes as it copies (``KernelBackend.load_hashed``): the same rows as a plain load, and stripe
-CRC-32Cs equal to hashing the object, on random layouts, stripe sizes, object offsets, threads and every CRC path.
-Its verdict comes after the copy, so a corrupt byte is written and must be seen in the stripes."""
+CRC-32Cs equal to hashing the object (``check_load``, which ``test_hashing_store`` runs on random layouts, stripe
+sizes, object offsets, threads and every CRC path beside the store). Its verdict comes after the copy, so a
+corrupt byte is written and must be seen in the stripes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lmcache_platforms.kernels.contract import Direction, buffer_bytes
 from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
 from lmcache_platforms.kernels.crc32c import native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
-from tests.kernels.checks import parallel_group
-from tests.kernels.crc_paths import PATHS, crc_path, native_crc, stripes_of
-from tests.kernels.strategies import interleaved_cases, transfer_cases
+from tests.kernels.crc_paths import native_crc, stripes_of
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
 
@@ -38,7 +35,7 @@ def _storages(planes) -> list[torch.Tensor]:
     return list({id(p.storage): p.storage for p in planes}.values())
 
 
-def check(planes, slots, stripe: int, before: int, after: int, seed: int, backend=CPU) -> None:
+def check_load(planes, slots, stripe: int, before: int, after: int, seed: int, backend=CPU) -> None:
     nbytes = buffer_bytes(planes, slots.shape[-1])
     gen = torch.Generator().manual_seed(seed)
     obj = torch.randint(0, 256, (before + nbytes + after,), dtype=torch.uint8, generator=gen)
@@ -53,42 +50,6 @@ def check(planes, slots, stripe: int, before: int, after: int, seed: int, backen
     assert torch.equal(got, stripes_of(obj, stripe))
 
 
-@PATHS
-@settings(max_examples=80, deadline=None)
-@given(case=st.one_of(transfer_cases(), interleaved_cases()), stripe=st.integers(1, 3000),
-       before=st.integers(0, 5000), after=st.integers(0, 3000), seed=st.integers(0, 1000))
-def test_random_layouts_hash_as_they_load(vectors, case, stripe, before, after, seed):
-    """Strided segments, transposed tiles, runs and skipped rows, cut by stripes anywhere (inside a row too)."""
-    with crc_path(vectors):
-        check(*case, stripe, before, after, seed)
-
-
-@PATHS
-@settings(max_examples=25, deadline=None)
-@given(page=st.integers(8 * 1024 - 3, 48 * 1024), offset=st.integers(0, 63), stripe=st.integers(300, 70000),
-       before=st.integers(0, 70000), data=st.data())
-def test_block_pages_hash_inside_the_streaming_copy(vectors, page, offset, stripe, before, data):
-    """Whole pages: runs from 8 KiB go through streaming stores into the KV cache, hashed in the same loop, at
-    every destination alignment and stripe cut."""
-    blocks = 6
-    storage = torch.randint(0, 256, (3 * blocks * page + offset + 64,), dtype=torch.uint8)
-    geometry = PlaneGeometry(blocks, page, 1, 0, 1, page, 0)
-    group = [Plane(f"l{i}", "page", 0, torch.uint8, geometry, offset + i * blocks * page, storage) for i in range(3)]
-    slots = torch.tensor(data.draw(st.lists(st.sampled_from([-1, 0, 1, 2, 3, 4, 5]), min_size=1, max_size=6,
-                                            unique=True)), dtype=torch.int64)
-    with crc_path(vectors):
-        check(group, slots, stripe, before, data.draw(st.integers(0, 999)), data.draw(st.integers(0, 1000)))
-
-
-@PATHS
-def test_a_parallel_load_over_many_stripes(vectors):
-    """Over the parallel threshold (several threads, several grabs): the default 64 KiB stripes, token rows."""
-    planes, slots = parallel_group()
-    assert buffer_bytes(planes, slots.numel()) > 16 * 64 * 1024
-    with crc_path(vectors):
-        check(planes, slots, 64 * 1024, 1000, 8, 3)
-
-
 def _small() -> tuple[list[Plane], torch.Tensor]:
     storage = torch.randint(0, 256, (4 * 16 * 256,), dtype=torch.uint8)
     geometry = PlaneGeometry(4, 16 * 256, 16, 256, 1, 256, 256)
@@ -98,7 +59,7 @@ def _small() -> tuple[list[Plane], torch.Tensor]:
 def test_the_default_load_hashes_before_it_copies():
     """A backend without its own hashing load (here `torch`) hashes the buffer, then loads: same result."""
     planes, slots = _small()
-    check(planes, slots, 1000, 10, 5, 4, TORCH)
+    check_load(planes, slots, 1000, 10, 5, 4, TORCH)
 
 
 def test_a_planted_fault_is_caught():
@@ -112,3 +73,32 @@ def test_a_planted_fault_is_caught():
     got = hashed_load(planes, slots, obj, 0, 1000)
     assert (got != intact).nonzero().flatten().tolist() == [intact.numel() - 1]
     assert torch.equal(got, stripes_of(obj, 1000))
+
+
+def test_one_native_call_verifies_every_object_of_a_load():
+    """``unverified``: each object's hashed stripes against the table it carries. Exact indices of the corrupt
+    ones; a table that fails its trailer is no table; states out of their allocation's order, or missing bytes,
+    are a bug and raise."""
+    from lmcache_platforms.connector import checksum
+
+    payload = 3 * checksum.STRIPE_BYTES + 777
+    gen = torch.Generator().manual_seed(2)
+    objects = [torch.randint(0, 256, (payload + checksum.tail_bytes(payload),), dtype=torch.uint8, generator=gen)
+               for _ in range(4)]
+    checksum.seal(objects, payload)
+    objects[1][5] ^= 0x01
+    objects[3][payload - 1] ^= 0x80
+    tables = checksum.carried_tables(objects, payload)
+    assert tables is not None
+    hashing = checksum.object_stripes(payload, len(objects))
+    for obj, state in zip(objects, hashing, strict=True):
+        state.feed(obj[:payload], 0)
+    assert checksum.unverified(hashing, tables) == [1, 3]
+    with pytest.raises(ValueError, match="one stripe_states call, in its order"):
+        checksum.unverified(hashing[::-1], tables)
+    partial = checksum.object_stripes(payload, 1)
+    partial[0].feed(objects[0][: payload - 1], 0)
+    with pytest.raises(RuntimeError, match="did not get every payload byte exactly once"):
+        checksum.unverified(partial, tables[:1])
+    objects[2][payload + 1] ^= 0x01  # its stripe table
+    assert checksum.carried_tables(objects, payload) is None

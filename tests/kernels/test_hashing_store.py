@@ -1,6 +1,6 @@
-"""The CPU backend's store that hashes as it copies: the same bytes as a plain store, and stripe CRC-32Cs equal
-to hashing the finished object, on random layouts, stripe sizes, object offsets, threads and every CRC path
-(the 512-bit and 128-bit folds where this CPU has them, the crc32 instruction or table otherwise)."""
+"""The CPU backend's store and load that hash as they copy: the same bytes as a plain store or load, and stripe
+CRC-32Cs equal to hashing the finished object, on random layouts, stripe sizes, object offsets, threads and every
+CRC path (the 512-, 256- and 128-bit folds where this CPU has them, the crc32 instruction or table otherwise)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.checks import parallel_group
 from tests.kernels.crc_paths import PATHS, crc_path, native_crc, stripes_of
 from tests.kernels.strategies import interleaved_cases, transfer_cases
+from tests.kernels.test_hashing_load import check_load
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
 
@@ -37,7 +38,7 @@ def hashed_store(planes, slots, obj: torch.Tensor, offset: int, stripe: int, bac
     return out
 
 
-def check(planes, slots, stripe: int, before: int, after: int, seed: int) -> None:
+def check_store(planes, slots, stripe: int, before: int, after: int, seed: int) -> None:
     nbytes = buffer_bytes(planes, slots.shape[-1])
     gen = torch.Generator().manual_seed(seed)
     obj = torch.randint(0, 256, (before + nbytes + after,), dtype=torch.uint8, generator=gen)
@@ -48,23 +49,28 @@ def check(planes, slots, stripe: int, before: int, after: int, seed: int) -> Non
     assert torch.equal(got, stripes_of(obj, stripe))
 
 
+MOVES = pytest.mark.parametrize("check", [check_store, check_load], ids=["store", "load"])
+
+
+@MOVES
 @PATHS
 @settings(max_examples=80, deadline=None)
 @given(case=st.one_of(transfer_cases(), interleaved_cases()), stripe=st.integers(1, 3000),
        before=st.integers(0, 5000), after=st.integers(0, 3000), seed=st.integers(0, 1000))
-def test_random_layouts_hash_as_they_store(vectors, case, stripe, before, after, seed):
+def test_random_layouts_hash_as_they_move(check, vectors, case, stripe, before, after, seed):
     """Strided segments, transposed tiles, runs and skipped rows, cut by stripes anywhere (inside a row too)."""
     with crc_path(vectors):
         check(*case, stripe, before, after, seed)
 
 
+@MOVES
 @PATHS
 @settings(max_examples=25, deadline=None)
 @given(page=st.integers(8 * 1024 - 3, 48 * 1024), offset=st.integers(0, 63), stripe=st.integers(300, 70000),
        before=st.integers(0, 70000), data=st.data())
-def test_block_pages_hash_inside_the_streaming_copy(vectors, page, offset, stripe, before, data):
-    """Whole pages: runs from 32 KiB go through streaming stores, hashed in the same loop, at every
-    destination alignment and stripe cut."""
+def test_block_pages_hash_inside_the_streaming_copy(check, vectors, page, offset, stripe, before, data):
+    """Whole pages: runs from 32 KiB (a store) or 8 KiB (a load) go through streaming stores, hashed in the same
+    loop, at every destination alignment and stripe cut."""
     blocks = 6
     storage = torch.randint(0, 256, (3 * blocks * page + offset + 64,), dtype=torch.uint8)
     geometry = PlaneGeometry(blocks, page, 1, 0, 1, page, 0)
@@ -75,8 +81,9 @@ def test_block_pages_hash_inside_the_streaming_copy(vectors, page, offset, strip
         check(group, slots, stripe, before, data.draw(st.integers(0, 999)), data.draw(st.integers(0, 1000)))
 
 
+@MOVES
 @PATHS
-def test_a_parallel_store_over_many_stripes(vectors):
+def test_a_parallel_move_over_many_stripes(check, vectors):
     """Over the parallel threshold (several threads, several grabs): the default 64 KiB stripes, token rows."""
     planes, slots = parallel_group()
     assert buffer_bytes(planes, slots.numel()) > 16 * 64 * 1024
