@@ -42,7 +42,7 @@ GIB = 1e9
 BENCH_OPTIONS = {
     "--layout": ("layout", "backend", "chunks", "mode", "device", "repeats", "seed"),
     "--engine": ("engine", "model", "full_attention_every", "tokens", "requests", "chunk_size", "tiers", "modes",
-                 "kv_events", "checksum_cost", "workdir"),
+                 "kv_events", "checksum_cost", "idle_steps", "workdir"),
     "--servers": ("servers", "model", "tokens", "chunk_size", "groups", "rounds", "concurrency", "workdir"),
 }
 
@@ -72,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pair every hashing store and checking load with the plain kernel call of the same "
                              "arguments and time the checksum's own calls: adds checksum_{store,load}_ms, "
                              "_python_ms and _share (the row's other timings then include the paired calls)")
+    engine.add_argument("--idle-steps", type=int, default=0, metavar="N",
+                        help="after each tier's cold pass, decode N tokens of a prompt shorter than a chunk (nothing "
+                             "to store or load) with every connector method timed: adds idle_connector_ms_per_step, "
+                             "idle_step_ms, idle_connector_share and the ms per step of each method")
     engine.add_argument("--workdir", type=Path, default=None,
                         help="where configs and logs go (default: a temporary folder, kept if a tier failed)")
     scale = parser.add_argument_group("across servers (--servers, instead of --layout; --model, --tokens and "

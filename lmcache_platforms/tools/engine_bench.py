@@ -67,6 +67,7 @@ class EngineBench:
     modes: tuple[str, ...] = ("paged",)
     kv_events: bool = False
     checksum_cost: bool = False  # tools/checksum_cost: the checksum's own cost, call by call
+    idle_steps: int = 0  # tools/step_cost: decode this many tokens after the cold pass, the connector timed
 
 
 @dataclass
@@ -136,6 +137,9 @@ def _spec(bench: EngineBench, model_dir: Path, served: list[Request], salt: str,
         # An ipc:// endpoint: vLLM's publisher binds it (a tcp:// one naming a host it would connect to).
         "kv_events_endpoint": f"ipc://{bench.workdir.resolve()}/{salt}-events" if bench.kv_events else None,
         "checksum_cost": bench.checksum_cost,
+        "idle_steps": bench.idle_steps,
+        # Shorter than a chunk: the connector has nothing to store, and no hit to load.
+        "idle_prompt": warmup_request(min(32, bench.chunk_size - 1), bench.model.vocab_size, f"{salt}-idle").tokens,
     }
 
 
@@ -220,6 +224,7 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
         "rss_after_warmup_MiB": loading.get("rss_after_warmup_mib"),
         "rss_growth_MiB": _growth(loading),
         **costs,
+        **cold.get("idle", {}),
     }
 
 
@@ -347,9 +352,11 @@ def bench_from_args(args: argparse.Namespace, workdir: Path) -> EngineBench:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or sorted(set(modes) - set(MODES)) or len(set(modes)) != len(modes):
         raise ValueError(f"--modes takes a comma list of {', '.join(MODES)} (each once), got {args.modes!r}")
+    if args.idle_steps < 0:
+        raise ValueError(f"--idle-steps takes a token count, 0 or more, got {args.idle_steps}")
     per_request = kv_bytes_per_token(model) * args.tokens
     resources = Resources.available()
     kv_gib = max(resources.kv_cache_gib, -(-2 * per_request // GIB))
     return EngineBench(model, args.tokens, args.requests, args.chunk_size, tiers, workdir,
                        replace(resources, kv_cache_gib=kv_gib), modes=modes, kv_events=args.kv_events,
-                       checksum_cost=args.checksum_cost)
+                       checksum_cost=args.checksum_cost, idle_steps=args.idle_steps)

@@ -75,7 +75,7 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
     tokens = 512
     assert run(["--engine", "--model", "tiny", "--tokens", str(tokens), "--requests", "2", "--chunk-size", "128",
                 "--tiers", "cpu,vllm", "--modes", "paged,layerwise", "--kv-events", "--checksum-cost",
-                "--workdir", str(tmp_path), "--json"]) == 0
+                "--idle-steps", "8", "--workdir", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["kv_events"] is True
     row, layerwise, vllm = result["tiers"]
@@ -108,3 +108,13 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
             assert tier[f"checksum_{direction}_python_ms"] > 0, tier
             assert all(isinstance(tier[f"checksum_{direction}_{name}"], float) for name in ("ms", "share")), tier
     assert not any(key.startswith("checksum_") for key in vllm)
+    # --idle-steps: 8 tokens decoded with nothing to move, one scheduler step each, every step's connector calls
+    # timed (each layer's save among them) and a small part of the step.
+    for tier in (row, layerwise):
+        assert (tier["idle_steps"], tier["idle_tokens"]) == (8, 8), tier
+        assert 0 < tier["idle_connector_ms_per_step"] < tier["idle_step_ms"], tier
+        assert tier["idle_connector_share"] == pytest.approx(tier["idle_connector_ms_per_step"]
+                                                             / tier["idle_step_ms"]), tier
+        for method in ("build_connector_meta", "save_kv_layer", "get_transfer_results"):
+            assert tier[f"idle_ms_per_step_{method}"] > 0, (method, tier)
+    assert not any(key.startswith("idle_") for key in vllm)

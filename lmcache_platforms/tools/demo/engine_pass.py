@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lmcache_platforms.tools import checksum_cost
+from lmcache_platforms.tools import checksum_cost, step_cost
 from lmcache_platforms.tools.demo.model import ModelSpec
 from lmcache_platforms.tools.demo.runners import status_kib
 from lmcache_platforms.tools.demo.scenario import BLOCK_SIZE, TOP_LOGITS
@@ -126,6 +126,19 @@ def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
     }
 
 
+def _idle_decode(llm: Any, prompt: list[int], tokens: int) -> dict[str, Any]:
+    """Decodes ``tokens`` tokens of a prompt shorter than a chunk (the connector has nothing to store or load),
+    our connector's methods timed since the decode began (``tools/step_cost``)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, seed=0)
+    step_cost.TOTALS.reset()
+    started = time.perf_counter()
+    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    return step_cost.per_step(step_cost.TOTALS.as_dict(), time.perf_counter() - started, tokens)
+
+
 def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Serve ``spec['requests']`` through a fresh engine built from ``spec``; returns per-request results."""
     from vllm import LLM, SamplingParams
@@ -157,6 +170,8 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
                                                          endpoint=spec["kv_events_endpoint"])
     if spec.get("checksum_cost"):
         checksum_cost.install()
+    if spec.get("idle_steps"):
+        step_cost.install()
     llm = LLM(**engine_args)
     result: dict[str, Any] = {"engine_start_s": time.perf_counter() - started, "kv_groups": _kv_groups(llm)}
     params = SamplingParams(
@@ -179,6 +194,12 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     result["peak_rss_requests_mib"] = _memory_mib("VmHWM")
     if spec.get("checksum_cost"):
         result["checksum_cost"] = checksum_cost.TOTALS.as_dict()
+    if spec.get("idle_steps"):
+        result["idle"] = _idle_decode(llm, spec["idle_prompt"], spec["idle_steps"])
+        if result["idle"]["idle_steps"]:
+            progress(f"idle decode: {result['idle']['idle_steps']} steps, connector "
+                     f"{result['idle']['idle_connector_ms_per_step']:.3f} ms of {result['idle']['idle_step_ms']:.1f} "
+                     "ms a step")
     if spec.get("memcpy_bytes"):
         from lmcache_platforms.tools.copy_reference import memcpy_seconds
 
