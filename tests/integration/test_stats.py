@@ -30,6 +30,23 @@ def test_a_recorder_gives_what_happened_since_the_last_take_and_nothing_when_idl
     assert recorder.take() is None
 
 
+@pytest.mark.parametrize("record", [
+    lambda r: r.count("lookups"), lambda r: r.advance("remote_lookups_timed_out", 3),
+    lambda r: r.count_labelled("group_bytes_loaded", {0: 2}), lambda r: r.failed_load("missing"),
+    lambda r: r.timing("load_seconds", 0.001)], ids=["count", "advance", "labelled", "failed", "timing"])
+def test_every_kind_of_record_is_taken_at_the_next_step(record) -> None:
+    """An idle take returns at once (vLLM takes stats every step); each way of recording makes the next take
+    hold it. An advance that gained nothing, or labels that counted nothing, record nothing."""
+    recorder = StatsRecorder()
+    recorder.advance("remote_lookups_timed_out", 0)
+    recorder.count_labelled("group_bytes_loaded", {0: 0})
+    assert recorder.take() is None
+    record(recorder)
+    taken = recorder.take()
+    assert taken is not None and not taken.is_empty()
+    assert recorder.take() is None
+
+
 def test_timings_nobody_takes_stay_bounded() -> None:
     """vLLM's LMCacheConnectorV1 runs our impl but never takes its stats."""
     recorder = StatsRecorder()

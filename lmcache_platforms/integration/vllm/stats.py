@@ -107,6 +107,7 @@ class StatsRecorder:
         self._labelled: dict[str, dict[str, int]] = {name: {} for name in LABELLED}
         self._timings: dict[str, deque[float]] = {name: deque(maxlen=MAX_TIMINGS) for name in TIMINGS}
         self._seen: dict[str, int] = {}
+        self._dirty = False  # anything recorded since the last take: vLLM takes stats every step, mostly idle
         self.totals = dict.fromkeys(COUNTED, 0)
         """Every count since the connector started, never reset by a take (the fault tests read it in-process)."""
 
@@ -114,6 +115,7 @@ class StatsRecorder:
         with self._lock:
             self._counts[name] += value
             self.totals[name] += value
+            self._dirty = True
 
     def advance(self, name: str, total: int) -> None:
         """Count ``name`` up to ``total``, a running count kept elsewhere (what it gained since the last call)."""
@@ -123,12 +125,14 @@ class StatsRecorder:
             if gained > 0:
                 self._counts[name] += gained
                 self.totals[name] += gained
+                self._dirty = True
 
     def count_labelled(self, name: str, counts: Mapping[Any, int]) -> None:
         """Count ``name`` (a key of ``LABELLED``) for each label value of ``counts`` (a group index, a tier)."""
         gained = {str(value): count for value, count in counts.items() if count}
         with self._lock:
             self._labelled[name] = _add_labelled(self._labelled[name], gained)
+            self._dirty = self._dirty or bool(gained)
 
     def failed_load(self, cause: str) -> None:
         """One load reported failed to vLLM, for ``cause`` (a key of ``FAILURE_CAUSES``)."""
@@ -138,14 +142,19 @@ class StatsRecorder:
             for name in ("loads_failed", FAILED[cause]):
                 self._counts[name] += 1
                 self.totals[name] += 1
+            self._dirty = True
 
     def timing(self, name: str, seconds: float) -> None:
         with self._lock:
             self._timings[name].append(seconds)
+            self._dirty = True
 
     def take(self) -> PlatformsConnectorStats | None:
         """The stats since the last take (None when nothing happened), and start afresh."""
+        if not self._dirty:  # read without the lock: a record racing this take is taken at the next step
+            return None
         with self._lock:
+            self._dirty = False
             data = {**self._counts, **self._labelled,
                     **{name: list(values) for name, values in self._timings.items()}}
             self._counts = dict.fromkeys(self._counts, 0)
