@@ -223,9 +223,24 @@ def run_tier(bench: EngineBench, tier: str, model_dir: Path, runner: PassRunner,
         "published_tokens": published,
         "rss_after_warmup_MiB": loading.get("rss_after_warmup_mib"),
         "rss_growth_MiB": _growth(loading),
+        **_terms(warm),
         **costs,
         **cold.get("idle", {}),
     }
+
+
+def _terms(warm: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Where the warm TTFT went, medians over the warm requests: waiting to be scheduled (the connector's lookup
+    in it) and from scheduled to the first token (the load in it, beside ``load_ms``); with the connector timed
+    (``--idle-steps``), the scheduler's lookup (``get_num_new_matched_tokens``, a round trip to the worker) and
+    all the connector's calls of the request."""
+    terms = {"warm_queued_ms": _median([r["queued_s"] * 1e3 for r in warm if r["queued_s"] is not None]),
+             "warm_prefill_ms": _median([r["prefill_s"] * 1e3 for r in warm if r["prefill_s"] is not None])}
+    timed = [r["connector"]["seconds"] for r in warm if "connector" in r]
+    if timed:
+        terms["warm_lookup_ms"] = _median([t.get("get_num_new_matched_tokens", 0.0) * 1e3 for t in timed])
+        terms["warm_connector_ms"] = _median([sum(t.values()) * 1e3 for t in timed])
+    return terms
 
 
 def run_vllm_hit(bench: EngineBench, model_dir: Path, runner: PassRunner) -> dict[str, Any]:
@@ -234,7 +249,7 @@ def run_vllm_hit(bench: EngineBench, model_dir: Path, runner: PassRunner) -> dic
     (``warm_ttft_x_vllm_hit``)."""
     served = prompts(bench)
     spec = {**_spec(bench, model_dir, served + _asked_again(served), VLLM_HIT, 0), "kv_transfer_config": None,
-            "enable_prefix_caching": True, "kv_events_endpoint": None}
+            "enable_prefix_caching": True, "kv_events_endpoint": None, "idle_steps": 0}
     result = runner.run(VLLM_HIT, spec, {})
     warm = result["requests"][len(served):]
     return {
@@ -243,6 +258,7 @@ def run_vllm_hit(bench: EngineBench, model_dir: Path, runner: PassRunner) -> dic
         "cold_ttft_s": _median([r["ttft_s"] for r in result["requests"][:len(served)]]),
         "warm_ttft_s": _median([r["ttft_s"] for r in warm]),
         "hit_tokens": [r["vllm_hit_tokens"] for r in warm],
+        **_terms(warm),
     }
 
 

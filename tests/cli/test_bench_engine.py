@@ -118,3 +118,9 @@ def test_a_real_engine_stores_and_reloads_every_prompt_reading_only_the_windows(
         for method in ("build_connector_meta", "save_kv_layer", "get_transfer_results"):
             assert tier[f"idle_ms_per_step_{method}"] > 0, (method, tier)
     assert not any(key.startswith("idle_") for key in vllm)
+    # Where the warm TTFT went: every row has the wait and the prefill; ours, timed, the lookup inside the wait.
+    for tier in (row, layerwise, vllm):
+        assert tier["warm_queued_ms"] >= 0 and tier["warm_prefill_ms"] > 0, tier
+    for tier in (row, layerwise):
+        assert 0 < tier["warm_lookup_ms"] <= tier["warm_connector_ms"], tier
+    assert "warm_lookup_ms" not in vllm

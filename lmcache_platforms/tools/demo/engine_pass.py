@@ -101,9 +101,11 @@ def _reset_peak() -> None:
         clear.write_text("5")
 
 
-def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
+def _serve(llm: Any, request: dict[str, Any], params: Any, timed: bool = False) -> dict[str, Any]:
+    """One request alone; ``timed``: with our connector's time in each of its methods (``tools/step_cost``)."""
     from vllm.inputs import TokensPrompt
 
+    step_cost.TOTALS.reset()
     before = metric_totals(llm)
     t0 = time.perf_counter()
     (output,) = llm.generate([TokensPrompt(prompt_token_ids=request["tokens"])], params, use_tqdm=False)
@@ -123,6 +125,7 @@ def _serve(llm: Any, request: dict[str, Any], params: Any) -> dict[str, Any]:
         "latency_s": latency,
         "tokens": list(completion.token_ids),
         "top_logits": [_top_logits(step) for step in completion.logprobs or []],
+        **({"connector": step_cost.TOTALS.as_dict()} if timed else {}),
     }
 
 
@@ -185,7 +188,7 @@ def run_pass(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     _reset_peak()
     requests = []
     for request in spec["requests"]:
-        requests.append(_serve(llm, request, params))
+        requests.append(_serve(llm, request, params, timed=bool(spec.get("idle_steps"))))
         done = requests[-1]
         progress(f"{done['name']}: TTFT {done['ttft_s']:.3f} s (queued {done['queued_s']:.3f} s, prefill "
                  f"{done['prefill_s']:.3f} s), LMCache hit {done['lmcache_hit_tokens']}/{done['prompt_tokens']} "
