@@ -40,7 +40,14 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.kernels.crc32c import TRAILER_BYTES, ObjectCheck, ObjectStripes, native, table_stripes
+from lmcache_platforms.kernels.crc32c import (
+    TRAILER_BYTES,
+    NativeCrc32c,
+    ObjectCheck,
+    ObjectStripes,
+    native,
+    table_stripes,
+)
 
 STRIPE_BYTES = 64 << 10
 _MARK = b"LMCk"
@@ -212,18 +219,23 @@ def stored_stripes(flat: torch.Tensor, payload_bytes: int) -> torch.Tensor | Non
     return stripes if tail[table:] == trailer(_of_table(stripes)) else None
 
 
-def object_checks(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[ObjectCheck | None]:
-    """A load's stripe-by-stripe check of each host object against the CRCs it carries, or None where its table
-    does not match its trailer (the object is corrupt, or has none). Needs the native CRC-32C, and each object
-    as a contiguous 1-D uint8 tensor in host memory (LMCache's are): the kernels take its address."""
+def _native_over(flats: Sequence[torch.Tensor], load: str) -> NativeCrc32c:
+    """The native CRC-32C a ``load`` reading each object's table at its address needs, the objects checked: each a
+    contiguous 1-D uint8 tensor in host memory (LMCache's are)."""
     lib = native()
     if lib is None:
-        raise RuntimeError("stripe checks need the native CRC-32C, which this process does not have")
+        raise RuntimeError(f"a {load} load needs the native CRC-32C, which this process does not have")
     for flat in flats:
         if not _addressable(flat):
-            raise ValueError("a checked load needs its object as a contiguous 1-D uint8 tensor in host memory, "
+            raise ValueError(f"a {load} load needs its object as a contiguous 1-D uint8 tensor in host memory, "
                              f"got {tuple(flat.shape)} {flat.dtype} on {flat.device}")
-    return lib.open_objects(flats, payload_bytes, STRIPE_BYTES, _MARK_WORD)
+    return lib
+
+
+def object_checks(flats: Sequence[torch.Tensor], payload_bytes: int) -> list[ObjectCheck | None]:
+    """A load's stripe-by-stripe check of each host object against the CRCs it carries, or None where its table
+    does not match its trailer (the object is corrupt, or has none)."""
+    return _native_over(flats, "checked").open_objects(flats, payload_bytes, STRIPE_BYTES, _MARK_WORD)
 
 
 def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
@@ -233,15 +245,8 @@ def object_check(flat: torch.Tensor, payload_bytes: int) -> ObjectCheck | None:
 
 def carried_tables(flats: Sequence[torch.Tensor], payload_bytes: int) -> torch.Tensor | None:
     """The stripe CRCs the host objects carry, read in one native call (``NativeCrc32c.open_tables``), for
-    ``unverified``; None when any object's table does not match its trailer. Needs the native CRC-32C."""
-    lib = native()
-    if lib is None:
-        raise RuntimeError("stripe tables need the native CRC-32C, which this process does not have")
-    for flat in flats:
-        if not _addressable(flat):
-            raise ValueError("a hashed load needs its object as a contiguous 1-D uint8 tensor in host memory, "
-                             f"got {tuple(flat.shape)} {flat.dtype} on {flat.device}")
-    room, opened = lib.open_tables(flats, payload_bytes, STRIPE_BYTES, _MARK_WORD)
+    ``unverified``; None when any object's table does not match its trailer."""
+    room, opened = _native_over(flats, "hashed").open_tables(flats, payload_bytes, STRIPE_BYTES, _MARK_WORD)
     return room if all(opened) else None
 
 
