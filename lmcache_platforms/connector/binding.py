@@ -245,12 +245,13 @@ class LayoutBinding:
         match their checksum, before anything may read the rows: the caller then fails the load (LMCache's
         retrieve reports no token), and vLLM recomputes over the rows, so no request is answered from them.
         Host objects (the native library built) are hashed as they are copied (``_load_hashed``): one read of
-        each object, and a corrupt one's rows are written before the verdict. An object whose stripe table fails
-        its trailer writes nothing. Staged on a GPU each run of objects is hashed there once it has crossed, on
-        a side stream while the next ones cross (``HASH_RUN_BYTES``), and each scratch-full's CRCs are read back
-        and compared with those its objects carry before its own launches (the device hashes far faster than
-        the bus moves, and a host pass in a vLLM worker runs on one thread): no byte of a corrupt object is
-        written. Otherwise every object is checked before the first launch. Runs on the load stream itself."""
+        each object; a corrupt one's rows are written before the verdict, then zeroed. An object whose stripe
+        table fails its trailer writes nothing. Staged on a GPU each run of objects is hashed there once it has
+        crossed, on a side stream while the next ones cross (``HASH_RUN_BYTES``), and each scratch-full's CRCs
+        are read back and compared with those its objects carry before its own launches (the device hashes far
+        faster than the bus moves, and a host pass in a vLLM worker runs on one thread): no byte of a corrupt
+        object is written. Otherwise every object is checked before the first launch. Runs on the load stream
+        itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
         if stripes is None and self._hashes_host_objects():
             return self._load_hashed(fmt, hosts, slots)
@@ -295,9 +296,9 @@ class LayoutBinding:
     def _load_hashed(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                      slots: Mapping[int, torch.Tensor]) -> list[int]:
         """Host objects loaded whole, each launch hashing the bytes it copies (``KernelBackend.load_hashed``),
-        then every object's stripes compared with the CRCs it carries: the indices of those that differ. When
-        an object's table fails its trailer nothing is written, and every corrupt object is named (a pass over
-        them all, only then)."""
+        then every object's stripes compared with the CRCs it carries: the indices of those that differ, whose
+        rows are then zeroed (``_scrub``). When an object's table fails its trailer nothing is written, and every
+        corrupt object is named (a pass over them all, only then)."""
         self._check_usable()
         size = fmt.payload_bytes
         tables = checksum.carried_tables(hosts, size)
@@ -308,7 +309,20 @@ class LayoutBinding:
             for launch in fmt.launches:
                 region = host[launch.offset : launch.offset + launch.nbytes]
                 self._hashed(launch, slots[launch.tg.group][index], region, hashing[index], Direction.LOAD)
-        return checksum.unverified(hashing, tables)
+        corrupt = checksum.unverified(hashing, tables)
+        self._scrub(fmt, slots, corrupt)
+        return corrupt
+
+    def _scrub(self, fmt: ChunkFormat, slots: Mapping[int, torch.Tensor], corrupt: Sequence[int]) -> None:
+        """Zeros the rows the corrupt objects' loads wrote: the failed load's forward (a same-step load runs it
+        before vLLM recomputes, its output discarded) then reads zeros, never a byte that failed its check. Costs a
+        write of those rows, only when a load failed."""
+        if not corrupt:
+            return
+        zeros = torch.zeros(max(launch.nbytes for launch in fmt.launches), dtype=torch.uint8)
+        for index in corrupt:
+            for launch in fmt.launches:
+                self._transfer(launch, slots[launch.tg.group][index], zeros[: launch.nbytes], Direction.LOAD)
 
     def _load_launches(self, launches: Sequence[Launch], host: torch.Tensor, slots: Mapping[int, torch.Tensor],
                        index: int, check: ObjectCheck) -> bool:

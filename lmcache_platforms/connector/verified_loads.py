@@ -1,14 +1,13 @@
 """What a load does with a chunk object whose checksum does not match (``connector.checksum``).
 
 The GPU connector checks every object before anything may read the rows it loads (host objects hashed as they are
-copied, then compared; on a GPU a scratch-full at a time, before its writes: ``LayoutBinding.load_verified``); if
-one fails, it calls ``report_corrupt``. It does not know the objects' keys (LMCache
+copied, then compared, a failed object's rows zeroed; on a GPU a scratch-full at a time, before its writes:
+``LayoutBinding.load_verified``); if one fails, it calls ``report_corrupt``. It does not know the objects' keys (LMCache
 hands it bare MemoryObjs), so ``verified_retrieve`` wraps the engine instance's ``retrieve``: a call that met a
 corrupt object returns an all-false mask (no token arrived: vLLM's integration reports the load failed and
 recomputes), logs each bad object with its key, and removes it from every LMCache tier so the next lookup
 misses instead of failing again. Outside that wrapper (layerwise loads, a caller of the bare engine) a
-mismatch raises ``ChecksumMismatch``: the caller learns the load failed before it reads the rows, never silently
-loaded.
+mismatch raises ``ChecksumMismatch``: no byte that failed its check left in the KV cache, never silently loaded.
 
 ``instance_adapter.adapt_engine`` installs it innermost: each part's retrieve goes through it.
 """
@@ -40,8 +39,8 @@ def report_corrupt(bounds: Sequence[tuple[int, int]]) -> None:
     found = _corrupt.get()
     if found is None:
         chunks = ", ".join(f"[{start}, {end})" for start, end in bounds)
-        raise ChecksumMismatch(f"the stored object of chunk {chunks} fails its checksum: the load failed, do not "
-                               "read its rows")
+        raise ChecksumMismatch(f"the stored object of chunk {chunks} fails its checksum: the load failed, no byte "
+                               "that failed the check is left in the KV cache")
     found.extend(bounds)
 
 

@@ -312,13 +312,15 @@ def test_a_flipped_byte_in_any_tier_is_refused_removed_and_then_missed(tier: Tie
     with _stored_engine(layout, tier, request) as engine:
         roundtrip.zero_planes(layout)
         assert engine.retrieve(request.tokens, request.load_ids) == request.stored_tokens
+        intact = _rows_of(layout)
         key = _chunk_keys(engine, request.tokens, engine.tags)[1]
         still_there = tier.flip(engine, key)
         roundtrip.zero_planes(layout)
         loaded = engine.connector.binding.counters.chunks_loaded
-        # Hashed as it was copied, chunk 1's rows may hold its corrupt bytes: the verdict fails the whole load
-        # (no token reported, so vLLM recomputes over them) before anything may read them.
+        # Hashed as it was copied, chunk 1 failed once its bytes were in the KV cache: the whole load reports no
+        # token (vLLM recomputes over the rows) and chunk 1's rows were zeroed, so every row is intact or zero.
         assert engine.retrieve(request.tokens, request.load_ids) == 0
+        assert_only_checked_rows(layout, intact)
         assert engine.connector.binding.counters.chunks_loaded == loaded
         assert not still_there()
         assert engine.engine.storage_manager.contains(key) is None
@@ -375,8 +377,8 @@ def test_each_chunk_part_carries_its_own_checksum(part: str, chunk: int, hit_chu
 
 
 def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> None:
-    """Without the verified retrieve (a caller of LMCache's own method), a mismatch still raises: the caller
-    learns the load failed before it reads the rows."""
+    """Without the verified retrieve (a caller of LMCache's own method), a mismatch still raises, and the rows
+    the corrupt object's load wrote are zero again (the object is the load's only one: the KV cache is as before)."""
     layout = materialize(load_layout_spec("llama"), seed=3)
     request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
@@ -384,9 +386,12 @@ def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> No
         engine.store(request.tokens, request.store_ids)
         (key,) = _chunk_keys(engine, request.tokens, engine.tags)
         _flip_cpu(engine, key)
+        roundtrip.zero_planes(layout)
+        before = _planes(layout)
         bare = engine.engine.retrieve.__wrapped__
         with pytest.raises(ChecksumMismatch, match=r"chunk \[0, 64\) fails its checksum"):
             bare(torch.tensor(request.tokens), block_ids=request.load_ids, request_configs=engine.tags)
+        assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))
 
 
 def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -405,7 +410,8 @@ def test_without_the_native_library_zlib_stands_in_under_another_format(monkeypa
 
 def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
     """Through a real engine: whichever byte of the payload, stripe table or trailer of a cached chunk object
-    flips, the load reports no token and the object is gone; stored again, it loads bit for bit."""
+    flips, the load reports no token, the KV cache holds no byte that failed its check, and the object is gone;
+    stored again, it loads bit for bit."""
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=8)
     request = roundtrip.make_request(layout, layout.chunk_size, seed=8)
     stored = roundtrip.snapshot(layout, request)
@@ -421,6 +427,7 @@ def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
         engine.store(request.tokens, request.store_ids)
         roundtrip.zero_planes(layout)
         assert engine.retrieve(request.tokens, request.load_ids) == layout.chunk_size
+        intact = _rows_of(layout)
 
         @settings(max_examples=25, deadline=None)
         @given(st.integers(0, payload + tail_bytes(payload) - 1), st.integers(1, 255))
@@ -432,6 +439,7 @@ def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
             hot[key].tensor.reshape(-1).view(torch.uint8)[where] ^= bits
             roundtrip.zero_planes(layout)
             assert engine.retrieve(request.tokens, request.load_ids) == 0
+            assert_only_checked_rows(layout, intact)
             assert key not in hot and engine.lookup(request.tokens) == 0
 
         flipped()
@@ -442,18 +450,34 @@ def test_any_flipped_byte_of_a_stored_object_is_refused_by_the_engine() -> None:
         assert roundtrip.verify(layout, request, stored, hit).bit_exact and hit == layout.chunk_size
 
 
-def test_a_flip_in_the_last_stripe_of_the_last_object_fails_the_load() -> None:
+@pytest.mark.parametrize("scrubbed", [True, False], ids=["scrubbed", "planted-no-scrub"])
+def test_a_flip_in_the_last_stripe_of_the_last_object_fails_the_load(scrubbed: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The load hashes as it copies and decides at the end: a flip in the last payload byte of the last object
-    of a load (the last bytes hashed) still fails it whole, and only that object is removed."""
+    of a load (the last bytes hashed) still fails it whole, its rows are zeroed, and only that object is removed.
+    Negative control: with the zeroing planted away, the rows oracle sees the corrupt bytes."""
+    from lmcache_platforms.connector.binding import LayoutBinding
+
+    if not scrubbed:
+        monkeypatch.setattr(LayoutBinding, "_scrub", lambda self, fmt, slots, corrupt: None)
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=12)
     request = roundtrip.make_request(layout, CHUNKS * layout.chunk_size, seed=12)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, CHUNKS * layout.chunk_size))
     with LayoutEngine(layout, storage) as engine:
         payload = engine.connector.fmt.payload_bytes
         engine.store(request.tokens, request.store_ids)
+        roundtrip.zero_planes(layout)
+        assert engine.retrieve(request.tokens, request.load_ids) == request.stored_tokens
+        intact = _rows_of(layout)
         key = _chunk_keys(engine, request.tokens, engine.tags)[-1]
         hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
         hot[key].tensor.reshape(-1).view(torch.uint8)[payload - 1] ^= 0x01
+        roundtrip.zero_planes(layout)
         assert engine.retrieve(request.tokens, request.load_ids) == 0
+        if scrubbed:
+            assert_only_checked_rows(layout, intact)
+        else:
+            with pytest.raises(AssertionError, match="rows"):
+                assert_only_checked_rows(layout, intact)
         assert key not in hot
         assert engine.lookup(request.tokens) == (CHUNKS - 1) * layout.chunk_size

@@ -36,8 +36,8 @@ def test_more_engine_layers_than_layout_layers_is_refused() -> None:
 
 def test_a_corrupt_layer_step_object_is_refused_before_the_forward_reads_that_step() -> None:
     """Each step's object has its own checksum; LMCache's layerwise retrieve is not wrapped, so the mismatch
-    raises while that step (here the first) loads: hashed as they were copied, its rows may hold the corrupt
-    bytes, but the generator never yields the step to the forward."""
+    raises while that step (here the first) loads, before the generator yields it to the forward: hashed as they
+    were copied, its rows were zeroed again, and the next step never loaded."""
     import torch
 
     from lmcache_platforms.connector.verified_loads import ChecksumMismatch
@@ -55,3 +55,4 @@ def test_a_corrupt_layer_step_object_is_refused_before_the_forward_reads_that_st
         roundtrip.zero_planes(layout)
         with pytest.raises(ChecksumMismatch, match=r"layerwise step 0: .*\(0, 64\).* fail their checksum"):
             engine.retrieve(request.tokens, request.load_ids)
+        assert not any(p.storage.any() for p in roundtrip.all_planes(layout))
