@@ -4,9 +4,9 @@ chunk edges, a concurrent batch that outgrows a tight KV cache so vLLM preempts 
 one it looked up waiting for blocks until its client aborts it, a request its client aborts while its load is in
 flight), on a sliding-window hybrid with vLLM's hybrid manager on and loads while requests wait, compared with a
 reference that stored nothing, and no chunk left pinned; the same workload with a sliding window part's last
-row dropped, with every chunk's first row neither stored nor loaded under poisoned blocks, and with writes into a
-preempted request's blocks after vLLM handed them on (and a finished request's pins kept), must fail the same
-oracle.
+row dropped, with every 32nd and the last row of each chunk neither stored nor loaded under poisoned blocks, and
+with writes into a preempted request's blocks after vLLM handed them on (and a finished request's pins kept),
+must fail the same oracle.
 
 ``make fuzz`` runs the random search (``tests/fuzz/run.py``); this slice keeps its oracle honest in CI.
 """
