@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lmcache_platforms.kernels.crc32c import NativeCrc32c, ObjectCheck, native
+from lmcache_platforms.layout.plane import buffer_bytes
 
 
 def native_crc() -> NativeCrc32c:
@@ -22,6 +23,19 @@ def stripes_of(obj: torch.Tensor, stripe: int) -> torch.Tensor:
     """The oracle: the finished object's stripes hashed from memory, one by one."""
     out = torch.zeros(-(-obj.numel() // stripe), dtype=torch.int32)
     native_crc().stripes(obj.data_ptr(), obj.numel(), stripe, 0, out.numel(), out.data_ptr())
+    return out
+
+
+def hashed_move(move, planes, slots, obj: torch.Tensor, offset: int, stripe: int) -> torch.Tensor:
+    """Moves the planes to or from ``obj`` at ``offset`` with ``move`` (a backend's ``store_hashed`` or
+    ``load_hashed``), the bytes around them fed from memory, and returns the stripe CRCs it built."""
+    nbytes = buffer_bytes(planes, slots.shape[-1])
+    stripes = native_crc().object_stripes(obj.numel(), stripe)
+    stripes.feed(obj[:offset], 0)
+    move(planes, slots, obj[offset : offset + nbytes], stripes, offset)
+    stripes.feed(obj[offset + nbytes :], offset + nbytes)
+    out = torch.zeros_like(stripes.registers)
+    stripes.finish(out)
     return out
 
 

@@ -13,22 +13,9 @@ from lmcache_platforms.kernels.cpu_backend import BACKEND as CPU
 from lmcache_platforms.kernels.crc32c import native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
-from tests.kernels.crc_paths import native_crc, stripes_of
+from tests.kernels.crc_paths import hashed_move, stripes_of
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
-
-
-def hashed_load(planes, slots, obj: torch.Tensor, offset: int, stripe: int, backend=CPU) -> torch.Tensor:
-    """Loads the planes from ``obj`` at ``offset`` with ``backend.load_hashed``, the bytes around them fed from
-    memory, and returns the stripe CRCs the load built."""
-    nbytes = buffer_bytes(planes, slots.shape[-1])
-    stripes = native_crc().object_stripes(obj.numel(), stripe)
-    stripes.feed(obj[:offset], 0)
-    backend.load_hashed(planes, slots, obj[offset : offset + nbytes], stripes, offset)
-    stripes.feed(obj[offset + nbytes :], offset + nbytes)
-    out = torch.zeros_like(stripes.registers)
-    stripes.finish(out)
-    return out
 
 
 def _storages(planes) -> list[torch.Tensor]:
@@ -44,7 +31,7 @@ def check_load(planes, slots, stripe: int, before: int, after: int, seed: int, b
     expected = [s.clone() for s in _storages(planes)]
     for storage, saved in zip(_storages(planes), original, strict=True):
         storage.copy_(saved)
-    got = hashed_load(planes, slots, obj, before, stripe, backend)
+    got = hashed_move(backend.load_hashed, planes, slots, obj, before, stripe)
     for storage, want in zip(_storages(planes), expected, strict=True):
         assert torch.equal(storage, want), "the hashing load wrote other bytes than a plain load"
     assert torch.equal(got, stripes_of(obj, stripe))
@@ -70,7 +57,7 @@ def test_a_planted_fault_is_caught():
     obj = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
     intact = stripes_of(obj, 1000)
     obj[nbytes - 1] ^= 0x10
-    got = hashed_load(planes, slots, obj, 0, 1000)
+    got = hashed_move(CPU.load_hashed, planes, slots, obj, 0, 1000)
     assert (got != intact).nonzero().flatten().tolist() == [intact.numel() - 1]
     assert torch.equal(got, stripes_of(obj, 1000))
 

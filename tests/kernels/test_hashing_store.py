@@ -18,24 +18,11 @@ from lmcache_platforms.kernels.crc32c import native
 from lmcache_platforms.kernels.torch_backend import BACKEND as TORCH
 from lmcache_platforms.layout.plane import Plane, PlaneGeometry
 from tests.kernels.checks import parallel_group
-from tests.kernels.crc_paths import PATHS, crc_path, native_crc, stripes_of
+from tests.kernels.crc_paths import PATHS, crc_path, hashed_move, native_crc, stripes_of
 from tests.kernels.strategies import interleaved_cases, transfer_cases
 from tests.kernels.test_hashing_load import check_load
 
 pytestmark = pytest.mark.skipif(native() is None or not CPU.availability()[0], reason="the native library is not built")
-
-
-def hashed_store(planes, slots, obj: torch.Tensor, offset: int, stripe: int, backend=CPU) -> torch.Tensor:
-    """Stores the planes into ``obj`` at ``offset`` with ``backend.store_hashed``, the bytes around them fed
-    from memory, and returns the stripe CRCs the store built."""
-    nbytes = buffer_bytes(planes, slots.shape[-1])
-    stripes = native_crc().object_stripes(obj.numel(), stripe)
-    stripes.feed(obj[:offset], 0)
-    backend.store_hashed(planes, slots, obj[offset : offset + nbytes], stripes, offset)
-    stripes.feed(obj[offset + nbytes :], offset + nbytes)
-    out = torch.zeros_like(stripes.registers)
-    stripes.finish(out)
-    return out
 
 
 def check_store(planes, slots, stripe: int, before: int, after: int, seed: int) -> None:
@@ -44,7 +31,7 @@ def check_store(planes, slots, stripe: int, before: int, after: int, seed: int) 
     obj = torch.randint(0, 256, (before + nbytes + after,), dtype=torch.uint8, generator=gen)
     expected = obj.clone()
     TORCH.transfer(planes, slots, expected[before : before + nbytes], Direction.STORE)
-    got = hashed_store(planes, slots, obj, before, stripe)
+    got = hashed_move(CPU.store_hashed, planes, slots, obj, before, stripe)
     assert torch.equal(obj, expected), "the hashing store wrote other bytes than a plain store"
     assert torch.equal(got, stripes_of(obj, stripe))
 
@@ -98,7 +85,7 @@ def test_the_default_store_hashes_after_it_copies():
     planes = [Plane("l0", "kv", 0, torch.uint8, geometry, 0, storage)]
     slots = torch.arange(3, 40)
     obj = torch.zeros(buffer_bytes(planes, 37) + 10, dtype=torch.uint8)
-    assert torch.equal(hashed_store(planes, slots, obj, 10, 1000, TORCH), stripes_of(obj, 1000))
+    assert torch.equal(hashed_move(TORCH.store_hashed, planes, slots, obj, 10, 1000), stripes_of(obj, 1000))
 
 
 def test_a_planted_fault_is_caught():
@@ -109,7 +96,7 @@ def test_a_planted_fault_is_caught():
     planes = [Plane("l0", "kv", 0, torch.uint8, geometry, 0, storage)]
     slots = torch.arange(0, 48)
     obj = torch.zeros(buffer_bytes(planes, 48), dtype=torch.uint8)
-    got = hashed_store(planes, slots, obj, 0, 5000)
+    got = hashed_move(CPU.store_hashed, planes, slots, obj, 0, 5000)
     obj[7777] ^= 1
     assert not torch.equal(got, stripes_of(obj, 5000))
     assert (got != stripes_of(obj, 5000)).sum() == 1
