@@ -190,7 +190,8 @@ def test_the_zygote_serves_spawns_of_spawned_processes_and_dies_with_its_server(
     child = shared("serve").start({"script": script, "zygote": True}, [sys.executable, "-c", str(tmp_path)],
                                   clean_environment(PYTHONPATH=str(tmp_path)), tmp_path, log)
     deadline = time.monotonic() + 120
-    while "grandchild ended" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+    # The child's print reaches the log in pieces (its stream writes through): wait for the whole last line.
+    while not _ended_line(log, "grandchild ended") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert log.read_text() == "grandchild True\ngrandchild ended 0\n"
     members = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _group_of(pid) == child.pid]
@@ -202,6 +203,12 @@ def test_the_zygote_serves_spawns_of_spawned_processes_and_dies_with_its_server(
     while any(_group_of(pid) == child.pid for pid in members) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [pid for pid in members if _group_of(pid) == child.pid] == []
+
+
+def _ended_line(log: Path, start: str) -> bool:
+    """Whether ``log`` holds a whole line beginning with ``start``."""
+    text = log.read_text() if log.exists() else ""
+    return any(line.startswith(start) for line in text.splitlines(keepends=True) if line.endswith("\n"))
 
 
 def _group_of(pid: int) -> int | None:
