@@ -12,13 +12,7 @@ import pytest
 import torch
 from vllm.lora.request import LoRARequest
 
-from lmcache_platforms.integration.vllm.request_scope import (
-    SCOPE_TAG,
-    ScopedLookups,
-    looking_up,
-    request_scope,
-    scoped_configs,
-)
+from lmcache_platforms.integration.vllm.request_scope import SCOPE_TAG, request_scope, scoped_configs
 from tests.fork_server import run_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,29 +37,6 @@ def test_a_request_cannot_name_another_scope():
 
     forged = {SCOPE_TAG: request_scope(None, "t1"), "lmcache.tag.user": "x"}
     assert scoped_configs(Request(), forged) == {SCOPE_TAG: request_scope(None, "t2"), "lmcache.tag.user": "x"}
-
-
-def test_lookups_carry_the_scope_and_refuse_without_one():
-    class Client:
-        calls: list = []
-
-        def lookup(self, token_ids, lookup_id, request_configs=None):
-            self.calls.append((lookup_id, request_configs, len(token_ids)))
-            return 7
-
-        def clear_lookup_status(self, lookup_id):
-            return lookup_id
-
-    client = Client()
-    scoped = ScopedLookups(client)
-    with looking_up({SCOPE_TAG: "s"}):
-        assert scoped.lookup(torch.arange(3), lookup_id="r", request_configs={"lmcache.x": 1}) == 7
-    with looking_up({SCOPE_TAG: "t"}, max_tokens=2):  # a recurrent model's limit: the lookup sees 2 tokens
-        scoped.lookup(list(range(5)), lookup_id="q")
-    assert client.calls == [("r", {"lmcache.x": 1, SCOPE_TAG: "s"}, 3), ("q", {SCOPE_TAG: "t"}, 2)]
-    assert scoped.clear_lookup_status("r") == "r"
-    with pytest.raises(RuntimeError, match="outside a request's scope"):
-        scoped.lookup([1], lookup_id="r")
 
 
 def write_adapter(folder: Path, num_layers: int, hidden: int, kv_width: int, rank: int = 8) -> Path:

@@ -17,16 +17,12 @@ told: they only ever use the scope the scheduler sent.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
+from collections.abc import Mapping
 from typing import Any
 
 SCOPE_TAG = "lmcache.tag.lmcp_scope"
-
-_LOOKUP: ContextVar[tuple[dict[str, Any], int | None] | None] = ContextVar("lmcp_lookup", default=None)
 
 
 def request_scope(lora_request: Any, cache_salt: str | None, generation: str = "") -> str:
@@ -42,37 +38,3 @@ def scoped_configs(request: Any, request_configs: Mapping[str, Any] | None, gene
     ``kv_transfer_params`` cannot name another tenant's scope)."""
     scope = request_scope(getattr(request, "lora_request", None), getattr(request, "cache_salt", None), generation)
     return {**(request_configs or {}), SCOPE_TAG: scope}
-
-
-@contextlib.contextmanager
-def looking_up(request_configs: dict[str, Any], max_tokens: int | None = None) -> Iterator[None]:
-    """While upstream's ``get_num_new_matched_tokens`` runs, its lookups carry ``request_configs`` and, given
-    ``max_tokens``, look up no more tokens than that (a hit must end where it can be resumed from)."""
-    token = _LOOKUP.set((request_configs, max_tokens))
-    try:
-        yield
-    finally:
-        _LOOKUP.reset(token)
-
-
-class ScopedLookups:
-    """LMCache's lookup client whose ``lookup`` sends the configs of the request being looked up (upstream's
-    caller passes only those of the request's sampling params) and keeps to its token limit; everything else is
-    the client's own."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def lookup(self, token_ids: Any, lookup_id: str, request_configs: dict[str, Any] | None = None) -> Any:
-        current = _LOOKUP.get()
-        if current is None:
-            raise RuntimeError(f"lookup {lookup_id}: LMCache lookup outside a request's scope (it could load "
-                               "another adapter's or tenant's KV)")
-        scoped, max_tokens = current
-        if max_tokens is not None:
-            token_ids = token_ids[:max_tokens]
-        return self._client.lookup(token_ids, lookup_id=lookup_id, request_configs={**(request_configs or {}),
-                                                                                        **scoped})

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lmcache.integration.vllm.utils import extract_mm_features
+import torch
+from lmcache.integration.vllm.utils import apply_mm_hashes_to_token_ids, extract_mm_features
 from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorMetadata, extract_request_configs
 
 from lmcache_platforms.integration.vllm.impl_state import ImplState
+from lmcache_platforms.integration.vllm.lookup_span import LookupRules, hit_span
 from lmcache_platforms.integration.vllm.request_meta import LoadSpec, RequestMeta, build_request_meta
-from lmcache_platforms.integration.vllm.request_scope import ScopedLookups, looking_up, scoped_configs
+from lmcache_platforms.integration.vllm.request_scope import scoped_configs
 from lmcache_platforms.integration.vllm.tracker import RequestTracker, block_ids_per_group
 from lmcache_platforms.integration.vllm.vllm_compat import failed_loads, resumed_from_preemption
 from lmcache_platforms.log import init_logger
@@ -60,12 +62,10 @@ class SchedulerSide(ImplState):
         self._failed_loads: set[str] = set()
         # Each request's chunk configs as of its latest lookup (request_scope.py).
         self._configs: dict[str, dict[str, Any]] = {}
-
-    @property
-    def lookup_client(self) -> Any:
-        """Upstream's lookup client, its lookups scoped to the request being looked up (``request_scope``)."""
-        client = super().lookup_client
-        return None if client is None else ScopedLookups(client)
+        self._lookup_rules = LookupRules(
+            chunk_size=self._lmcache_chunk_size, skip_last_n_tokens=self.skip_last_n_tokens,
+            min_retrieve_tokens=config.min_retrieve_tokens, max_tokens_per_load=self._max_tokens_per_load,
+            stop_before_last_chunk_end=bool(self.plan.snapshot_groups))
 
     def _request_configs(self, request: Request) -> dict[str, Any]:
         """What keys this request's chunks besides its tokens (its LMCache request configs and its scope), as
@@ -76,18 +76,39 @@ class SchedulerSide(ImplState):
         return configs
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
-        """Upstream's contract (every upstream wrapper calls this): LMCache's hit beyond vLLM's own, a count. A
-        request whose load failed once is recomputed: a second lookup would find the same broken chunk. With
-        snapshot groups the lookup stops at the last chunk boundary before the request's last token: a hit
-        must end at a chunk whose state was kept, and vLLM computes the last token itself."""
-        self._configs[request.request_id] = scoped_configs(
-            request, extract_request_configs(request.sampling_params), self._generation)
-        if not self.hits_allowed or request.request_id in self._failed_loads:
+        """Upstream's contract (every upstream wrapper calls this): LMCache's hit beyond vLLM's own, a count. The
+        lookup carries the request's scope (``request_scope``) and the tokens ``LookupRules`` allows. A request
+        whose load failed once is recomputed: a second lookup would find the same broken chunk."""
+        req_id = request.request_id
+        configs = scoped_configs(request, extract_request_configs(request.sampling_params), self._generation)
+        self._configs[req_id] = configs
+        client = self.lookup_client
+        if (client is None or not self.hits_allowed or req_id in self._failed_loads or req_id.startswith("mock_req")
+                or (self.kv_role == "kv_producer" and not hasattr(client, "supports_producer_reuse"))):
             return 0
-        chunk = self._lmcache_chunk_size
-        limit = (request.num_tokens - 1) // chunk * chunk if self.plan.snapshot_groups else None
-        with looking_up(self._request_configs(request), limit):
-            return super().get_num_new_matched_tokens(request, num_computed_tokens)
+        hit = client.lookup_cache(lookup_id=req_id)  # -1: not asked yet; None: an asynchronous lookup under way
+        if hit == -1:
+            self._requests_priority[req_id] = getattr(request, "priority", 0)
+            tokens = self._lookup_rules.tokens(self._lookup_tokens(request), request.num_tokens)
+            hit = client.lookup(tokens, lookup_id=req_id, request_configs=configs)
+        if hit is None:
+            return None
+        span = hit_span(self._lookup_rules, hit, num_computed_tokens, request.num_tokens)
+        logger.info("request %s: %d tokens, vLLM holds %d, LMCache holds %d: %d to load", req_id,
+                    request.num_tokens, num_computed_tokens, hit, span.allocate)
+        self.load_specs[req_id] = LoadSpec(num_computed_tokens, span.load_end)
+        return span.allocate
+
+    @staticmethod
+    def _lookup_tokens(request: Request) -> list[int]:
+        """The request's tokens as LMCache keys them: every token so far (a preempted request's too), a
+        multimodal prompt's placeholders replaced by its items' hashes."""
+        mm_hashes, mm_positions = extract_mm_features(request)
+        if not (mm_hashes and mm_positions):
+            return list(request.all_token_ids)
+        tokens = torch.tensor(request.prompt_token_ids)
+        apply_mm_hashes_to_token_ids(tokens, mm_hashes, mm_positions)
+        return tokens.tolist()
 
     def match(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Our connector's call: the hit, and whether it loads while the request waits."""
