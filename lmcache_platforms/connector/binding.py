@@ -218,8 +218,8 @@ class LayoutBinding:
         """For a layer-by-layer store into host objects: each object's stripe state, which every layer's
         ``store_chunks(..., hashing=)`` adds to as its kernels copy (pieces join in any order); then
         ``finish_stripes`` gives ``seal`` their CRCs. None when the chunks are staged on a device or the native
-        CRC-32C is missing: ``seal`` then hashes the objects in a pass."""
-        if not self._hashes_host_objects():
+        CRC-32C is missing, or the objects have no payload: ``seal`` then hashes the objects in a pass."""
+        if not self._hashes_host_objects() or not fmt.payload_bytes:
             return None
         return checksum.object_stripes(fmt.payload_bytes, objects)
 
@@ -250,10 +250,10 @@ class LayoutBinding:
         crossed, on a side stream while the next ones cross (``HASH_RUN_BYTES``), and each scratch-full's CRCs
         are read back and compared with those its objects carry before its own launches (the device hashes far
         faster than the bus moves, and a host pass in a vLLM worker runs on one thread): no byte of a corrupt
-        object is written. Otherwise every object is checked before the first launch. Runs on the load stream
-        itself."""
+        object is written. Otherwise (objects with no payload too: a layerwise step of layers that hold no row
+        of the chunk) every object is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
-        if stripes is None and self._hashes_host_objects():
+        if stripes is None and self._hashes_host_objects() and fmt.payload_bytes:
             return self._load_hashed(fmt, hosts, slots)
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.kernels.crc32c import (
     TRAILER_BYTES,
     NativeCrc32c,
@@ -55,6 +56,10 @@ _TRAILER = struct.Struct("<I4s")
 _MARK_WORD = int.from_bytes(_MARK, "little")  # the mark as the native seal and check take it
 
 
+class ChecksumMismatch(TransferError):
+    """A stored chunk object's bytes do not match the checksum written with them."""
+
+
 def stripes_are_crc32c() -> bool:
     """Whether stripes are hashed with CRC-32C (the native library is built), which the GPU kernel computes too."""
     return native() is not None
@@ -67,8 +72,9 @@ def format_version() -> str:
 
 def stripe_room(payload_bytes: int, objects: int) -> torch.Tensor | None:
     """Room for the stripe CRC-32Cs of ``objects`` objects that a hashing store fills (``object_stripes``), or
-    None where stripes are not CRC-32C (no native library: ``checksums`` hashes the objects afterwards)."""
-    if native() is None:
+    None where stripes are not CRC-32C (no native library) or the objects have no payload (no copy to hash
+    in): ``checksums`` then hashes the objects afterwards."""
+    if native() is None or payload_bytes == 0:
         return None
     return torch.empty((objects, stripe_count(payload_bytes)), dtype=torch.int32)
 

@@ -8,18 +8,17 @@ instead, because they carry that instance's own state:
   backends read ``get_shapes()`` when they are created. Upstream derives those from one model-wide
   ``kv_shape``; ours come from the bound layout (rows per chunk do not depend on the token count: a partial
   chunk leaves rows unused). ``kv_shape`` and ``kv_dtype`` stay untouched: they are part of LMCache's keys;
-- the engine's ``retrieve`` reports and removes an object that fails its checksum (``verified_loads``);
-- with chunks stored in parts, the engine's ``store``, ``retrieve`` and ``lookup`` move every part (``parts``);
+- with chunks stored in parts, the engine's ``store`` and ``lookup`` move every part (``parts``);
 - the engine's lookups carry the layout's key tags: they come from vLLM's scheduler (another process, which
   never sees the KV tensors) through LMCache's lookup server, with the scheduler's request configs.
 
 ``INSTANCE_CHANGES`` (``instance_changes``) declares them (``doctor`` lists them; ``patching.upstream_names`` checks
 each name exists in the pinned LMCache). ``adapt_engine`` is the one place an engine's methods are replaced: its
-first call keeps the instance's own methods, and every call builds the whole chain again from those (verified
-retrieve innermost, then the parts, then the key tags), so a second call, or one with other parts or tags, never
-wraps a wrapper.
+first call keeps the instance's own methods, and every call builds the whole chain again from those (the parts,
+then the key tags), so a second call, or one with other parts or tags, never wraps a wrapper. Loads do not go
+through the engine's ``retrieve``: ``connector.chunk_loads`` reads the objects and hands them to the connector.
 
-Which part a call moves reaches the metadata and the GPU connector through ``parts.active_part`` (a context
+Which part a store moves reaches the metadata and the GPU connector through ``parts.active_part`` (a context
 variable): LMCache's own calls in between carry no argument for it.
 """
 
@@ -39,7 +38,6 @@ from lmcache_platforms.connector.instance_changes import (
     TAGGED_METHODS,
 )
 from lmcache_platforms.connector.parts import current_part, parts_methods
-from lmcache_platforms.connector.verified_loads import verified_retrieve
 from lmcache_platforms.layout.parts import ChunkPart
 
 # Every engine method some change replaces: adapt_engine keeps the instance's own once, and builds on them.
@@ -62,14 +60,13 @@ def _tagged(method: Callable[..., Any], tags: dict[str, str]) -> Callable[..., A
 
 def adapt_engine(engine: Any, parts: Sequence[ChunkPart] = (), chunk_size: int = 0,
                  lookup_tags: Mapping[str, str] | None = None) -> None:
-    """Make ``engine`` verify its loads, move ``parts`` (with ``chunk_size``-token chunks), and tag its lookups
-    with ``lookup_tags``: built from the instance's own methods each time, so calling again replaces."""
+    """Make ``engine`` store and look up ``parts`` (with ``chunk_size``-token chunks), and tag its lookups with
+    ``lookup_tags``: built from the instance's own methods each time, so calling again replaces."""
     originals: dict[str, Callable[..., Any]] | None = engine.__dict__.get(_ORIGINALS)
     if originals is None:
         originals = {name: getattr(engine, name) for name in _ENGINE_METHODS if hasattr(engine, name)}
         engine.__dict__[_ORIGINALS] = originals
     methods = dict(originals)
-    methods["retrieve"] = verified_retrieve(methods["retrieve"], engine)
     if parts:
         methods.update(parts_methods(engine, methods, parts, chunk_size))
     if lookup_tags:

@@ -11,8 +11,8 @@ Load: ``batched_to_gpu(starts, ends, **kw)`` is primed with ``next``, then recei
 ``send``; a final ``next`` waits for the last step. Kwargs as in ``connector.request`` (``block_ids``,
 ``sync``).
 Every step's object carries its own checksum (``connector.checksum``), checked before that step is written;
-a mismatch raises ``ChecksumMismatch`` (LMCache's layerwise retrieve is not wrapped by
-``connector.verified_loads``), so that step and the ones after it are never written.
+a mismatch raises ``ChecksumMismatch`` (LMCache's layerwise retrieve calls this connector itself), so that step
+and the ones after it are never written.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemLayerwiseGPUConnector
 
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
-from lmcache_platforms.connector.checksum import format_version
+from lmcache_platforms.connector.checksum import ChecksumMismatch, format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, step_formats
 from lmcache_platforms.connector.instance_adapter import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
-from lmcache_platforms.connector.verified_loads import ChecksumMismatch
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.parts import ChunkPart

@@ -3,30 +3,30 @@ one MemoryObj per chunk part (``connector.parts``).
 
 Per chunk and direction it makes one kernel call per transfer group (``launches_per_chunk``; on a device, one
 call per transfer group moves a whole batch of chunks staged in scratch, ``LayoutBinding.store_chunks``, whole
-or one layer at a time); every object
-carries a checksum of its bytes, written by the store and checked by a load before it writes anything
-(``connector.checksum``, ``connector.verified_loads``). Rows per chunk come from the layout (sliding-window
-tails, compressed rows), never from the token count. The kwargs it reads are documented in
-``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when
-the KV caches are registered, which must happen before the engine's ``post_init`` and the first store.
+or one layer at a time); every object carries a checksum of its bytes, written by the store and checked by a
+load before anything may read the rows (``connector.checksum``). Loads come as objects already read
+(``load_objects``, called by ``connector.chunk_loads``, which gets the corrupt ones' indices back); LMCache's own
+retrieve still reaches ``batched_to_gpu``. Rows per chunk come from the layout (sliding-window tails, compressed
+rows), never from the token count. The kwargs LMCache's store and retrieve pass are documented in
+``lmcache_platforms.connector.request``. The layout is bound lazily (``bind``) when the KV caches are
+registered, which must happen before the engine's ``post_init`` and the first store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
-from lmcache_platforms.connector.checksum import format_version
+from lmcache_platforms.connector.checksum import ChecksumMismatch, format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.instance_adapter import describe_chunks
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.parts import current_part
 from lmcache_platforms.connector.request import LAYER_GATE, block_ids_from, check_chunk, run_guarded
-from lmcache_platforms.connector.verified_loads import report_corrupt
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.parts import ChunkPart, chunk_parts
@@ -71,21 +71,25 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             ",".join(self.binding.backend_names), format_version(), self.binding.fingerprint,
         )
 
-    def _format(self) -> ChunkFormat:
-        """The format of what is being moved: the whole chunk, or the active part of it."""
+    def part_format(self, part: int | None) -> ChunkFormat:
+        """The format of what is being moved: the whole chunk, or part ``part`` of it."""
         self._bound()
         assert self.fmt is not None
         if not self.parts:
             return self.fmt
-        index = current_part()
-        if index is None:
-            raise TransferError("this layout stores chunks in parts: call the engine's store/retrieve as "
-                                "connector.instance_adapter.adapt_engine wraps them")
-        return self.part_formats[index]
+        if part is None:
+            raise TransferError("this layout stores chunks in parts: store through the engine's store as "
+                                "connector.instance_adapter.adapt_engine wraps it, load through "
+                                "connector.chunk_loads")
+        return self.part_formats[part]
 
-    def _counts_chunks(self) -> bool:
+    def _format(self) -> ChunkFormat:
+        """The format of what LMCache's own store or retrieve moves (the part ``parts.active_part`` names)."""
+        return self.part_format(current_part())
+
+    def _counts_chunks(self, part: int | None) -> bool:
         """Chunks are counted once, when their widest part (the first) moves; bytes for every part."""
-        return not self.parts or current_part() == 0
+        return not self.parts or part == 0
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         return self._format().shape
@@ -122,39 +126,49 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                     stripes = binding.finish_stripes(fmt, hashing)
         binding.streams.finish_store()
         binding.seal(fmt, hosts, stripes)
-        binding.counters.chunks_stored += len(hosts) if self._counts_chunks() else 0
+        binding.counters.chunks_stored += len(hosts) if self._counts_chunks(current_part()) else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
         binding.counters.count_groups(fmt, len(hosts), stored=True)
 
     def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs) -> None:
-        """MemoryObjs -> KV caches; returns once the compute stream will see the rows. With a ``layer_gate``,
-        layer by layer in the layout's order, marking each as its rows are written (or queued)."""
+        """LMCache's own retrieve (the modes where LMCache's engine brings the objects itself: its asynchronous
+        loading, an MLA rank's broadcast, a PD receiver): MemoryObjs -> KV caches inside the ``load_guard``. A
+        corrupt object raises ``ChecksumMismatch`` (the guard records it: the load failed)."""
         binding = self._bound()
-        fmt = self._format()
         block_ids = block_ids_from(kwargs, binding.layout)
-        gate: LayerGate | None = kwargs.get(LAYER_GATE)
 
         def write() -> None:
-            # The size check runs inside the guard: a wrong-size object (a backend's garbage that parsed, a
-            # chunk of another layout) is then one failed load, and LMCache's retrieve still releases its
-            # references to every chunk instead of leaking them when this raised out of it. So does the checksum
-            # check: a corrupt object fails the load before anything reads its rows (``load_verified``).
-            hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
-            slots = binding.chunk_slots(fmt, block_ids, starts, ends)
-            if gate is None:
-                corrupt = binding.load_verified(fmt, hosts, slots)
-            else:
-                corrupt = load_by_layer(binding, fmt, hosts, slots, gate)
+            corrupt = self.load_objects(current_part(), memory_objs, starts, ends, block_ids, kwargs.get(LAYER_GATE))
             if corrupt:
-                binding.counters.objects_corrupt += len(corrupt)
-                report_corrupt([(starts[i], ends[i]) for i in corrupt])
-                return
-            binding.streams.finish_load()
-            binding.counters.chunks_loaded += len(hosts) if self._counts_chunks() else 0
-            binding.counters.bytes_loaded += len(hosts) * fmt.nbytes
-            binding.counters.count_groups(fmt, len(hosts), stored=False)
+                chunks = ", ".join(f"[{starts[i]}, {ends[i]})" for i in corrupt)
+                raise ChecksumMismatch(f"the stored object of chunk {chunks} fails its checksum: the load failed, "
+                                       "no byte that failed the check is left in the KV cache")
 
         run_guarded(kwargs, write)
+
+    def load_objects(self, part: int | None, memory_objs: Sequence[Any], starts: Sequence[int], ends: Sequence[int],
+                     block_ids: Sequence[torch.Tensor], gate: LayerGate | None = None) -> list[int]:
+        """MemoryObjs of part ``part`` (None: whole chunks) -> KV caches; returns once the compute stream will see
+        the rows, with the indices of objects that failed their checksum (their rows zeroed or never written:
+        ``LayoutBinding.load_verified``), [] when every one was written. With a ``gate``, layer by layer in the
+        layout's order, marking each as its rows are written (or queued).
+
+        The size check runs here too: a wrong-size object (a backend's garbage that parsed, a chunk of another
+        layout) raises ``TransferError`` before anything is written."""
+        binding = self._bound()
+        fmt = self.part_format(part)
+        hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
+        slots = binding.chunk_slots(fmt, block_ids, starts, ends)
+        corrupt = binding.load_verified(fmt, hosts, slots) if gate is None else load_by_layer(
+            binding, fmt, hosts, slots, gate)
+        if corrupt:
+            binding.counters.objects_corrupt += len(corrupt)
+            return corrupt
+        binding.streams.finish_load()
+        binding.counters.chunks_loaded += len(hosts) if self._counts_chunks(part) else 0
+        binding.counters.bytes_loaded += len(hosts) * fmt.nbytes
+        binding.counters.count_groups(fmt, len(hosts), stored=False)
+        return []
 
 
 def load_by_layer(binding: LayoutBinding, fmt: ChunkFormat, hosts: list[torch.Tensor],

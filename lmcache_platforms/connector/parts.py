@@ -4,28 +4,25 @@ LMCache's engine knows one object per chunk key. A layout with window or snapsho
 stores each chunk as several objects instead, one per part, told apart by the ``lmcache.tag.lmcp_part``
 request config (LMCache puts ``lmcache.tag.*`` entries into its keys), so every tier (local CPU, local disk,
 remote) holds, evicts and returns them independently. ``parts_methods`` wraps one engine instance's
-``store``, ``retrieve`` and ``lookup`` (``instance_adapter`` installs them):
+``store`` and ``lookup`` (``instance_adapter`` installs them); loads read the parts through
+``connector.chunk_loads``, which asks this module where each object is (``where_held``):
 
 - ``store`` stores every part of every chunk (any chunk may end a later hit): the same bytes as one object;
   given ``state_ends``, a part carrying a snapshot group only for the chunks ending there (a recurrent state
   exists only where the caller says it was kept; ``store_chunks_ending_at``);
 - ``lookup`` reports the longest hit for which every part holds every chunk it needs (``longest_hit``),
   so an evicted window part of an early chunk (never read again) costs nothing, and pins exactly those
-  objects;
-- ``retrieve`` of ``n`` tokens loads the full-attention part of every chunk but a window part only for the
-  chunks its window before ``n`` touches; if any part comes back short the whole load reports nothing
-  arrived (the caller recomputes), never half a hit.
+  objects.
 
 Which objects are held is asked for a run of chunks at once (``_held_run``), never one object at a time: each
 question to a remote store is a round trip. A lookup asks first for every object of the whole prompt's hit in
 one run. A load asks nothing when the lookup before it pinned every object it reads (vLLM's loads: the hit
-looked up), else for every part's in one run; each part's retrieve then reads from the tiers found
-(``wrap_get_block_mapping``), where upstream's retrieve would ask every tier again.
+looked up), else for every part's in one run, and reads each object from the tier found.
 
-LMCache sizes an object from ``metadata.get_shapes()`` before the connector runs, without saying for which
-key, so the part being moved is set in a context variable (``active_part``) that the metadata and the GPU
-connector read; the disk and remote tiers read each object's own shape back (``save_chunk_meta``, the
-default for ``fs://``; Redis always does).
+LMCache sizes an object it allocates for a store from ``metadata.get_shapes()`` before the connector runs,
+without saying for which key, so the part being stored is set in a context variable (``active_part``) that the
+metadata and the GPU connector read; the disk and remote tiers read each object's own shape back
+(``save_chunk_meta``, the default for ``fs://``; Redis always does).
 """
 
 from __future__ import annotations
@@ -46,9 +43,6 @@ logger = init_logger(__name__)
 PART_TAG = "lmcache.tag.lmcp_part"
 
 _active: ContextVar[int | None] = ContextVar("lmcache_platforms_chunk_part", default=None)
-# The storage manager of the parts load in progress in this thread, and the tier each object was found in (by
-# the lookup that pinned it, or the load's own check).
-_found: ContextVar[tuple[Any, Mapping[Any, str]] | None] = ContextVar("lmcache_platforms_found", default=None)
 
 
 @contextlib.contextmanager
@@ -73,11 +67,11 @@ def part_configs(request_configs: Mapping[str, Any] | None, part: ChunkPart) -> 
 
 def parts_methods(engine: Any, methods: Mapping[str, Callable[..., Any]], parts: Sequence[ChunkPart],
                   chunk_size: int) -> dict[str, Callable[..., Any]]:
-    """``engine``'s store, retrieve and lookup (as ``methods`` has them) made to move ``parts``; installed by
-    ``instance_adapter.adapt_engine``."""
+    """``engine``'s store and lookup (as ``methods`` has them) made to move ``parts``; installed by
+    ``instance_adapter.adapt_engine``. Loads read parts through ``connector.chunk_loads``."""
     bound = tuple(parts)
     return {name: functools.wraps(methods[name])(functools.partial(wrapper, methods[name], engine, bound, chunk_size))
-            for name, wrapper in (("store", _store), ("retrieve", _retrieve), ("lookup", _lookup))}
+            for name, wrapper in (("store", _store), ("lookup", _lookup))}
 
 
 def _store(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
@@ -109,52 +103,7 @@ def store_chunks_ending_at(store: Callable[..., Any], tokens: Any, mask: torch.T
             store(tokens[:end], None, None, chunk_mask, **kwargs)
 
 
-def _retrieve(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any,
-              mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
-    """Load a hit of ``len(tokens)`` tokens (the masked ones): every part's needed chunks, or report none.
-
-    Where every needed object is is known first: from the lookup that pinned them for this request (the usual
-    load, of the hit it looked up), else asked in one question for all parts, so a hit missing one writes
-    nothing. An object gone since (a remote one: a local tier keeps what is pinned) fails its read, and the load
-    reports nothing arrived, as for one that fails to read.
-    """
-    num_tokens = len(tokens)
-    wanted = torch.ones(num_tokens, dtype=torch.bool) if mask is None else mask.to("cpu", torch.bool).clone()
-    calls = []
-    for part in parts:
-        needed = needed_chunks(part.reach, num_tokens, chunk_size)
-        part_mask = wanted.clone()
-        part_mask[: needed[0] * chunk_size if needed else num_tokens] = False
-        if bool(part_mask.any()):
-            calls.append((part, part_mask, part_configs(kwargs.get("request_configs"), part)))
-    chunks = [(part, start, key) for part, part_mask, configs in calls
-              for start, _, key in engine.token_database.process_tokens(tokens=tokens, mask=part_mask,
-                                                                        request_configs=configs)]
-    held, tiers = _where_held(engine, [key for _, _, key in chunks], kwargs.get("req_id"))
-    if held < len(chunks):
-        part, start, _ = chunks[held]
-        logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded",
-                       kwargs.get("req_id"), part.name, start // chunk_size, num_tokens)
-        return torch.zeros(num_tokens, dtype=torch.bool)
-    found = _found.set((engine.storage_manager, tiers))
-    try:
-        for part, part_mask, configs in calls:
-            # A part-qualified request id: LMCache would otherwise fetch every chunk from the one tier the lookup
-            # pinned in, but a caller may load a shorter hit than it looked up (a snapshot group's hit is cut to
-            # a chunk boundary), whose window or snapshot objects the lookup did not pin and may lie elsewhere.
-            call = {**kwargs, "request_configs": configs, "req_id": f"{kwargs.get('req_id')}/{part.name}"}
-            with active_part(part.index):
-                got = original(tokens, part_mask, **call)
-            if bool((part_mask & ~got.to("cpu", torch.bool)).any()):
-                logger.warning("request %s: part %s of a %d-token hit came back short: the load reports no token",
-                               kwargs.get("req_id"), part.name, num_tokens)
-                return torch.zeros(num_tokens, dtype=torch.bool)
-    finally:
-        _found.reset(found)
-    return wanted
-
-
-def _where_held(engine: Any, keys: Sequence[Any], request_id: str | None) -> tuple[int, dict[Any, str]]:
+def where_held(engine: Any, keys: Sequence[Any], request_id: str | None) -> tuple[int, dict[Any, str]]:
     """How many of ``keys``, from the first, are held, and the tier of each: the lookup's pins for
     ``request_id`` if they hold them all, else asked (``_held_run``)."""
     pins = engine.lookup_pins.get(request_id) if request_id is not None else None
@@ -168,33 +117,6 @@ def _where_held(engine: Any, keys: Sequence[Any], request_id: str | None) -> tup
 def _tier_of_each(by_tier: Mapping[str, Sequence[Any]]) -> dict[Any, str]:
     """The tier of each key, from keys listed by tier (``_held_run``'s answer, a lookup's pins)."""
     return {key: tier for tier, keys in by_tier.items() for key in keys}
-
-
-def wrap_get_block_mapping(upstream: Callable[..., dict[str, list[Any]]]) -> Callable[..., dict[str, list[Any]]]:
-    """Patch-catalog wrapper of ``StorageManager.get_block_mapping`` (which tier to read each chunk of a retrieve
-    from): inside a parts load (``_retrieve``), the tiers its lookup or check found the objects in. Upstream asks
-    each tier in turn for a prefix of the rest, so chunks held by two tiers out of their order (an early one
-    evicted from the CPU cache but on disk) were cut at the first change, and the load came back short. A chunk
-    not placed is asked as upstream asks; an object gone since fails its read either way."""
-
-    def get_block_mapping(self: Any, chunk_infos: list[Any]) -> dict[str, list[Any]]:
-        found = _found.get()
-        if found is not None and found[0] is self and (by_tier := _by_tier(chunk_infos, found[1])) is not None:
-            return by_tier
-        return upstream(self, chunk_infos)
-
-    return get_block_mapping
-
-
-def _by_tier(chunk_infos: Sequence[Any], tiers: Mapping[Any, str]) -> dict[str, list[Any]] | None:
-    """``chunk_infos`` (``(key, start, end)``) grouped by the tier of each key, in their order; None if a key
-    has no tier in ``tiers``."""
-    grouped: dict[str, list[Any]] = {}
-    for info in chunk_infos:
-        if (tier := tiers.get(info[0])) is None:
-            return None
-        grouped.setdefault(tier, []).append(info)
-    return grouped
 
 
 def _held_run(manager: Any, keys: Sequence[Any], search_range: list[str] | None,

@@ -54,6 +54,7 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         ("_manager", "engine_impl.py"), ("_lmcache_chunk_size", "lifecycle.py"),
         ("_discard_partial_chunks", "scheduler_side.py"), ("_request_trackers", "scheduler_side.py"),
         ("_unfinished_requests", "scheduler_side.py"), ("_requests_priority", "scheduler_side.py"),
+        ("_max_tokens_per_load", "scheduler_side.py"),
         ("_invalid_block_ids", "worker_loads.py"), ("_stats_monitor", "worker_loads.py"))),
     # LMCache's fs:// connector: the batched read finds an object's file and reads it with O_DIRECT as upstream.
     *(UpstreamName("lmcache.v1.storage_backend.connector.fs_connector:FSConnector", name,

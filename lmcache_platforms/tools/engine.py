@@ -11,12 +11,15 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.tools import roundtrip
+
+if TYPE_CHECKING:
+    from lmcache_platforms.connector.layer_gate import LayerGate
 
 
 @dataclass(frozen=True)
@@ -121,25 +124,29 @@ class LayoutEngine:
             found = self.lookup(tokens, search_range)
         return found
 
-    def retrieve(self, tokens: list[int], block_ids: list[torch.Tensor], **transfer: Any) -> int:
-        """Look up (pinning), load what hits into the planes, unpin; the number of tokens loaded. ``transfer``:
-        more kwargs for the connector, as for ``store``."""
+    def retrieve(self, tokens: list[int], block_ids: list[torch.Tensor], gate: LayerGate | None = None) -> int:
+        """Look up (pinning), load what hits into the planes, unpin; the number of tokens loaded. With ``gate``,
+        layer by layer, marking each layer in it (``connector.layer_gate``)."""
         request_id = f"req-{uuid.uuid4().hex[:8]}"
         # retrieve_layer releases its own pins; pinning at lookup as well would unpin twice.
         found = self.engine.lookup(torch.tensor(tokens), lookup_id=request_id, pin=not self.layerwise,
                                    request_configs=self.tags)
-        if self.layerwise and not found:
-            return 0  # LMCache 0.5.6's retrieve_layer raises UnboundLocalError when nothing hits
-        kwargs = {"block_ids": block_ids, "request_configs": self.tags, "req_id": request_id, **transfer}
+        if self.layerwise:
+            if not found:
+                return 0  # LMCache 0.5.6's retrieve_layer raises UnboundLocalError when nothing hits
+            # The generator's last value is the hit mask; the ones before are progress markers.
+            *_, mask = self.engine.retrieve_layer(torch.tensor(tokens), sync=True, block_ids=block_ids,
+                                                  request_configs=self.tags, req_id=request_id)
+            return int(mask.sum())
+        from lmcache_platforms.connector.chunk_loads import LoadJob
+        from lmcache_platforms.connector.chunk_loads import load as load_chunks
+
         try:
-            if self.layerwise:
-                # The generator's last value is the hit mask; the ones before are progress markers.
-                *_, mask = self.engine.retrieve_layer(torch.tensor(tokens), sync=True, **kwargs)
-            else:
-                mask = self.engine.retrieve(torch.tensor(tokens), **kwargs)
+            job = LoadJob(req_id=request_id, tokens=torch.tensor(tokens), block_ids=block_ids,
+                          request_configs=self.tags, gate=gate)
+            return load_chunks(self.engine, job).tokens
         finally:
             self.engine.lookup_unpin(request_id)
-        return int(mask.sum())
 
     def round_trip(self, request: roundtrip.Request, name: str) -> dict[str, Any]:
         """Store ``request``, wipe the planes, load it back into its other blocks: the selftest summary."""

@@ -39,12 +39,12 @@ TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster", VLLM_HIT)
 # The Redis tiers: a private store of each kind, started for the tier and stopped after it.
 REDIS_STORES = {"redis": RedisServer, "redis-cluster": RedisCluster}
 MODES = ("paged", "layerwise")
-# LMCache's lines (v0.5.6 cache_engine.py) give each store/retrieve call's cost in ms; their size (GiB, four
-# decimals) is too coarse for short prompts, so bytes come from our connector's line for the request, logged
-# after all of LMCache's calls for it (one per chunk part).
-LMCACHE_COST = {
+# Each store call's cost in ms comes from LMCache's line (v0.5.6 cache_engine.py, one per chunk part), each
+# load's from ours (connector/chunk_loads.py); LMCache's size (GiB, four decimals) is too coarse for short
+# prompts, so bytes come from our connector's line for the request, logged after every call for it.
+CALL_COST = {
     "store": re.compile(r"Stored \d+ out of total \d+ tokens\. size: [\d.]+ GB, cost ([\d.]+) ms"),
-    "load": re.compile(r"Retrieved \d+ out of \d+ required tokens .*?cost ([\d.]+) ms"),
+    "load": re.compile(r"read \d+ objects \([^)]*\) for \d+ of \d+ tokens, \d+ bytes written, ([\d.]+) ms"),
 }
 OURS = {
     "store": re.compile(r"stored tokens \[(\d+), (\d+)\) in LMCache, (\d+) bytes written"),
@@ -84,9 +84,9 @@ class Transfers:
 
 
 def parse_lines(log: str, kind: str, skip: int = 0) -> Transfers:
-    """Each request's ``kind`` (store, load): tokens and bytes from our line, seconds summed over LMCache's lines
-    since the previous one of ours; the first ``skip`` requests left out."""
-    events = sorted([(m.start(), "cost", m) for m in LMCACHE_COST[kind].finditer(log)]
+    """Each request's ``kind`` (store, load): tokens and bytes from our line, seconds summed over the calls'
+    lines (``CALL_COST``) since the previous one of ours; the first ``skip`` requests left out."""
+    events = sorted([(m.start(), "cost", m) for m in CALL_COST[kind].finditer(log)]
                     + [(m.start(), "ours", m) for m in OURS[kind].finditer(log)], key=lambda event: event[0])
     found, seconds = Transfers(), 0.0
     for _, what, match in events:
@@ -295,18 +295,18 @@ def _run_on_store(bench: EngineBench, tier: str, mode: str, model_dir: Path, run
         with REDIS_STORES[tier](str(store)) as server:
             row = run_tier(bench, tier, model_dir, runner, server.url, mode)
             if tier == "redis" and mode == "paged":
-                row.update(read_floor(server.url, runner.logs[-1].read_text(), bench.chunk_size))
+                row.update(read_floor(server.url, runner.logs[-1].read_text()))
             return row
     return run_tier(bench, tier, model_dir, runner, str(store.resolve()), mode)
 
 
-def read_floor(url: str, warm_log: str, chunk_size: int) -> dict[str, Any]:
+def read_floor(url: str, warm_log: str) -> dict[str, Any]:
     """``read_floor_ms``: the objects one request of the warm pass read, read again from the store alone in one
     pipeline (``tools/remote_floor``), and ``read_floor_bytes`` their bytes; an error in ``read_floor_error``."""
     from lmcache_platforms.tools.remote_floor import objects_read, read_ms
 
     try:
-        ms, nbytes = read_ms(url, objects_read(warm_log, chunk_size))
+        ms, nbytes = read_ms(url, objects_read(warm_log))
     except Exception as exc:  # noqa: BLE001 - a missing floor must not cost the tier's row
         return {"read_floor_error": f"{type(exc).__name__}: {exc}"}
     return {"read_floor_ms": ms, "read_floor_bytes": nbytes}

@@ -3,9 +3,9 @@ in one pipeline on a plain connection into buffers allocated beforehand, and not
 checksum, no scatter into the KV cache). What the store and the socket cost by themselves: a tier's
 ``load_ms`` minus this is what LMCache and our connector add.
 
-Which objects, and how many of each chunk part, come from LMCache's own "Retrieved" lines of the loading pass
-(one per part: ``[req_id=<request>/<part>] Retrieved <tokens> out of ...``); any stored objects of a part are
-as large as the ones the request read, since a part's objects all have one shape.
+Which objects, and how many of each chunk part, come from the loading pass's log line of each load
+(``connector.chunk_loads``: ``request <id>: read <n> objects (<part>: <count>, ...)``); any stored objects of a
+part are as large as the ones the request read, since a part's objects all have one shape.
 """
 
 from __future__ import annotations
@@ -16,23 +16,25 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
+from lmcache_platforms.connector.chunk_loads import WHOLE
 from lmcache_platforms.connector.parts import PART_TAG
 from lmcache_platforms.upstream_fixes.redis_socket_reads import Endpoint, SocketReader
 
-RETRIEVED = re.compile(r"\[req_id=([^\]/]+)(?:/([^\]]+))?\] Retrieved (\d+) out of")
+READ = re.compile(r"request (\S+): read \d+ objects \(([^)]*)\)")
 _PART_KEY_TAG = PART_TAG.removeprefix("lmcache.tag.") + "%"
 _BYTES = "kv_bytes"
 
 
-def objects_read(log: str, chunk_size: int) -> dict[str | None, int]:
-    """How many objects of each part (None: chunks stored whole) the last request in ``log`` read."""
-    per_request: dict[str, dict[str | None, int]] = {}
-    for match in RETRIEVED.finditer(log):
-        parts = per_request.setdefault(match.group(1), {})
-        parts[match.group(2)] = parts.get(match.group(2), 0) - (-int(match.group(3)) // chunk_size)
-    if not per_request:
-        raise ValueError("the log has no LMCache 'Retrieved' line: nothing was loaded")
-    return per_request[list(per_request)[-1]]
+def objects_read(log: str) -> dict[str | None, int]:
+    """How many objects of each part (None: chunks stored whole) the last load in ``log`` read."""
+    loads = list(READ.finditer(log))
+    if not loads:
+        raise ValueError("the log has no load line (\"request ...: read N objects\"): nothing was loaded")
+    counts: dict[str | None, int] = {}
+    for entry in filter(None, loads[-1].group(2).split(", ")):
+        name, count = entry.split(": ")
+        counts[None if name == WHOLE else name] = int(count)
+    return counts
 
 
 def _part_of(name: str) -> str | None:

@@ -44,16 +44,6 @@ PATCHES: tuple[Patch, ...] = (
             "tier, through a listener for the engine's own storage manager (connector.tier_watch)",
     ),
     Patch(
-        target="lmcache.v1.storage_backend.storage_manager:StorageManager.get_block_mapping",
-        replacement="lmcache_platforms.connector.parts:wrap_get_block_mapping",
-        versions=LMCACHE,
-        wrapper=True,
-        why="a load of chunk parts asks the tiers once which holds each object (connector.parts); upstream's "
-            "retrieve asked again for each part (a round trip more per part on a remote store), by prefixes, "
-            "so chunks two tiers hold out of their order came back short: each part now reads from the tiers "
-            "that question found",
-    ),
-    Patch(
         target="lmcache.v1.offload_server.zmq_server:ZMQOffloadServer",
         replacement="lmcache_platforms.upstream_fixes.offload_server:SafeCloseOffloadServer",
         versions=LMCACHE,

@@ -240,7 +240,7 @@ _REMOVE_TIMEOUT_S = 5.0
 def wrap_remote_remove_sync(upstream: Any) -> Any:
     """Patch-catalog wrapper of ``RemoteConnector.remove_sync``, which the Redis connectors inherit unimplemented
     (it raises): for them, delete the chunk's two values, so an object that failed its checksum
-    (``connector.verified_loads``) is not found again; every other connector keeps its own behaviour."""
+    (``connector.chunk_loads``) is not found again; every other connector keeps its own behaviour."""
 
     def remove_sync(self: Any, key: Any) -> bool:
         """Remove one chunk from a Redis or Redis Cluster store: whether anything was deleted."""

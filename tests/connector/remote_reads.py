@@ -32,11 +32,10 @@ def remote_connector(engine: LayoutEngine) -> Any:
 
 def upstream_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """LMCache 0.5.6's remote read paths back for this test: every catalog patch of them restored to its
-    original, and a retrieve asking the tiers again which holds its chunks."""
-    records = put_back(monkeypatch, lambda patch: (patch.target.endswith(UPSTREAM_READ_PATHS)
+    original."""
+    records = put_back(monkeypatch, lambda patch: patch.target.endswith(UPSTREAM_READ_PATHS)
                        and patch.replacement.split(":")[0].endswith(("redis_reads", "batched_remote")))
-                       or patch.replacement.endswith(":wrap_get_block_mapping"))
-    assert len(records) == 9, [r.patch.target for r in records]
+    assert len(records) == 8, [r.patch.target for r in records]
 
 
 class RoundTrips:

@@ -15,11 +15,10 @@ from hypothesis import strategies as st
 
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.binding import LayoutBinding
-from lmcache_platforms.connector.checksum import tail_bytes
+from lmcache_platforms.connector.checksum import ChecksumMismatch, tail_bytes
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.parts import part_configs
-from lmcache_platforms.connector.verified_loads import ChecksumMismatch
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools import roundtrip
 from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_size_gib
@@ -377,8 +376,9 @@ def test_each_chunk_part_carries_its_own_checksum(part: str, chunk: int, hit_chu
 
 
 def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> None:
-    """Without the verified retrieve (a caller of LMCache's own method), a mismatch still raises, and the rows
-    the corrupt object's load wrote are zero again (the object is the load's only one: the KV cache is as before)."""
+    """Through LMCache's own retrieve (the path of the modes where LMCache's engine brings the objects itself), a
+    mismatch raises, and the rows the corrupt object's load wrote are zero again (the object is the load's only
+    one: the KV cache is as before)."""
     layout = materialize(load_layout_spec("llama"), seed=3)
     request = roundtrip.make_request(layout, layout.chunk_size, seed=3)
     storage = StorageOptions(max_local_cpu_size=cache_size_gib(layout, layout.chunk_size))
@@ -388,7 +388,7 @@ def test_a_bare_engine_retrieve_raises_rather_than_load_a_corrupt_object() -> No
         _flip_cpu(engine, key)
         roundtrip.zero_planes(layout)
         before = _planes(layout)
-        bare = engine.engine.retrieve.__wrapped__
+        bare = engine.engine.retrieve
         with pytest.raises(ChecksumMismatch, match=r"chunk \[0, 64\) fails its checksum"):
             bare(torch.tensor(request.tokens), block_ids=request.load_ids, request_configs=engine.tags)
         assert all(torch.equal(a, b) for a, b in zip(before, _planes(layout), strict=True))

@@ -261,12 +261,14 @@ def test_a_load_reads_each_object_from_the_tier_its_lookup_found_it_in(tmp_path,
                                                                      placed: bool) -> None:
     """Full-attention parts held by two tiers out of their order (chunk 1 only on disk, chunk 2 only in the CPU
     cache) load in full, bit for bit, each read from where the lookup before the load found and pinned it, and
-    no tier is asked again. Upstream's retrieve asks each tier for a prefix of the chunks left: it cuts the part
-    at chunk 2, and the load reports nothing."""
-    from tests.upstream_originals import put_back
+    no tier is asked again. Negative control: a load that reads every object from the CPU cache (where upstream's
+    retrieve, asking each tier for a prefix of the chunks left, looks for chunk 1) finds chunk 1 missing there,
+    and loads nothing."""
+    from lmcache_platforms.connector import chunk_loads
 
     if not placed:
-        assert len(put_back(monkeypatch, lambda patch: patch.replacement.endswith(":wrap_get_block_mapping"))) == 1
+        monkeypatch.setattr(chunk_loads, "where_held",
+                            lambda _engine, keys, _req: (len(keys), dict.fromkeys(keys, "LocalCPUBackend")))
     layout = materialize(load_layout_spec("gemma3"), seed=7)
     tokens = CHUNKS * layout.chunk_size
     request = roundtrip.make_request(layout, tokens, seed=7)

@@ -40,7 +40,7 @@ def test_a_corrupt_layer_step_object_is_refused_before_the_forward_reads_that_st
     were copied, its rows were zeroed again, and the next step never loaded."""
     import torch
 
-    from lmcache_platforms.connector.verified_loads import ChecksumMismatch
+    from lmcache_platforms.connector.checksum import ChecksumMismatch
     from lmcache_platforms.tools import roundtrip
 
     layout = materialize(load_layout_spec("gemma3"), "bundled", seed=6)

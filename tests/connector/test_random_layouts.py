@@ -165,7 +165,7 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
             allocation.zero_()
         loaded = LayerGate(moved)
         hit = engine.retrieve(request.tokens, request.load_ids,
-                              **({"layer_gate": loaded} if steps == "gated" else {}))
+                              gate=loaded if steps == "gated" else None)
         verdict = roundtrip.verify(layout, request, stored, hit)
         chunks = -(-request.stored_tokens // spec.chunk_size)
         counters = engine.connector.binding.counters

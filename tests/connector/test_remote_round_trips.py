@@ -28,7 +28,6 @@ from tests.connector.test_redis_remote import taken_buffer_objects, taken_buffer
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("patient_remote")]
 
 CHUNKS = 4
-PARTS = 2  # gemma3: full attention and a 32-token window, two parts per 64-token chunk
 
 
 @pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis),
@@ -93,17 +92,17 @@ def test_a_lookup_and_a_load_are_one_redis_round_trip_per_part(store_url: str, m
     lookup, load = _lookup_then_load(request, storage, layout, counted)
     # A lookup asks once for every object the whole prompt's hit needs: every chunk's full-attention part, the
     # last chunk's window part. A load (as vLLM's: ``LayoutEngine.retrieve``) looks up the same objects, pinning
-    # them as it asks, then reads each part's from the tier its lookup found them in, two values each. Every ask
-    # is for both values of each object (an ``EXISTS`` each, in the same pipeline). Upstream's retrieve asked
-    # once more, for each part, which tier holds it; the lookup asked part by part.
+    # them as it asks, then reads every part's objects from the tier its lookup found them in, in one read, two
+    # values each. Every ask is for both values of each object (an ``EXISTS`` each, in the same pipeline).
+    # Upstream's lookup asked part by part, and its reads one object at a time.
     if batched:
         assert lookup == [2 * CHUNKS + 2]
-        assert load == [2 * CHUNKS + 2, 2 * CHUNKS, 2]
-        # On one server the two reads go through this package's own connection; on a cluster through redis-py.
-        assert trips[0].socket_trips == ([2 * CHUNKS, 2] if store_url.startswith("redis://") else [])
-    else:  # one round trip per object asked (the lookup, LMCache's tier lookup), two per object read
+        assert load == [2 * CHUNKS + 2, 2 * CHUNKS + 2]
+        # On one server the read goes through this package's own connection; on a cluster through redis-py.
+        assert trips[0].socket_trips == ([2 * CHUNKS + 2] if store_url.startswith("redis://") else [])
+    else:  # one round trip per object asked (the load's lookup), two per object read
         assert lookup == [1] * (CHUNKS + 1)
-        assert load == [1] * (4 * (CHUNKS + 1))
+        assert load == [1] * (3 * (CHUNKS + 1))
 
 
 @pytest.mark.redis
@@ -163,7 +162,7 @@ def test_a_chunk_whose_bytes_are_gone_ends_the_hit_there(store_url: str, monkeyp
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "negative-control-upstream"])
-def test_fs_lookups_test_files_in_place_and_a_load_reads_each_part_in_one_thread_job(
+def test_fs_lookups_test_files_in_place_and_a_load_reads_in_one_thread_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closable_remote_backends: None, batched: bool) -> None:
     if not batched:
         upstream_reads(monkeypatch)
@@ -171,10 +170,10 @@ def test_fs_lookups_test_files_in_place_and_a_load_reads_each_part_in_one_thread
     stored = roundtrip.snapshot(layout, request)
     roundtrip.zero_planes(layout)
     lookup, load = _lookup_then_load(request, storage, layout, lambda reader: HandOffs(reader, monkeypatch))
-    if batched:  # files tested in the calling thread; one read job per part
-        assert (lookup, load) == (0, PARTS)
-    else:  # a thread job per object asked (lookup pinning, LMCache's tier lookup), four per object read
-        assert (lookup, load) == (CHUNKS + 1, 2 * (CHUNKS + 1) + 4 * (CHUNKS + 1))
+    if batched:  # files tested in the calling thread; one read job for every part's objects
+        assert (lookup, load) == (0, 1)
+    else:  # a thread job per object asked (the load's lookup, pinning), four per object read
+        assert (lookup, load) == (CHUNKS + 1, (CHUNKS + 1) + 4 * (CHUNKS + 1))
     loaded = roundtrip.snapshot(layout, dataclasses.replace(request, store_ids=request.load_ids))
     full_groups = chunk_parts(layout)[0].transfer_groups
     compared = [torch.equal(loaded[place], rows) for place, rows in stored.items()

@@ -227,7 +227,7 @@ def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_
             roundtrip.zero_planes(layout)
             runtime.log.clear()
             loaded = LayerGate(layers)
-            hit = engine.retrieve(request.tokens, request.load_ids, layer_gate=loaded)
+            hit = engine.retrieve(request.tokens, request.load_ids, gate=loaded)
             load_log = device_steps(runtime.log)
             runtime.log.clear()
             for name in layers:

@@ -1,5 +1,5 @@
-"""The Redis tier's floor in ``bench --engine``: how many objects of each part a request read, from LMCache's
-own lines, and those objects read again from a real ``redis-server`` alone."""
+"""The Redis tier's floor in ``bench --engine``: how many objects of each part a request read, from our
+load's line, and those objects read again from a real ``redis-server`` alone."""
 
 from __future__ import annotations
 
@@ -13,18 +13,17 @@ from lmcache_platforms.tools.remote_floor import objects_read, read_ms
 from tests.ci import missing
 
 LINES = """\
-LMCache INFO: [req_id=1-a/all] Retrieved 512 out of 512 required tokens (from 512 total tokens). size: x
-LMCache INFO: [req_id=1-a/reach64] Retrieved 128 out of 128 required tokens (from 512 total tokens). size: x
-LMCache INFO: [req_id=2-b/all] Retrieved 511 out of 511 required tokens (from 512 total tokens). size: x
-LMCache INFO: [req_id=2-b/reach64] Retrieved 64 out of 64 required tokens (from 512 total tokens). size: x
+lmcache_platforms INFO: request 1-a: read 5 objects (all: 4, reach64: 1) for 512 of 512 tokens, 9 bytes written, 1 ms
+lmcache_platforms INFO: request 2-b: read 5 objects (all: 4, reach64: 1) for 511 of 511 tokens, 9 bytes written, 1 ms
+lmcache_platforms INFO: request 3-c: read 4 objects (all: 3, reach64: 1) for 384 of 384 tokens, 9 bytes written, 1 ms
 """
 
 
-def test_the_last_request_s_objects_per_part_are_its_chunks_rounded_up() -> None:
-    assert objects_read(LINES, 128) == {"all": 4, "reach64": 1}
-    assert objects_read("LMCache INFO: [req_id=3-c] Retrieved 300 out of 300 required tokens", 128) == {None: 3}
-    with pytest.raises(ValueError, match="no LMCache 'Retrieved' line"):
-        objects_read("LMCache INFO: [req_id=3-c] Stored 300 out of total 300 tokens", 128)
+def test_the_last_load_s_objects_per_part_are_read_off_its_line() -> None:
+    assert objects_read(LINES) == {"all": 3, "reach64": 1}
+    assert objects_read("INFO: request 3-c: read 3 objects (whole: 3) for 300 of 300 tokens") == {None: 3}
+    with pytest.raises(ValueError, match="no load line"):
+        objects_read("LMCache INFO: [req_id=3-c] Stored 300 out of total 300 tokens")
 
 
 @pytest.fixture
@@ -69,7 +68,8 @@ def test_the_bench_row_gets_the_floor_of_the_warm_pass_s_last_request_or_the_err
             for chunk in range(count):
                 client.set(f"m@1@0@{tag}{chunk}@bfloat16@lmcp_part%{tag}kv_bytes", b"x" * size)
                 client.set(f"m@1@0@{tag}{chunk}@bfloat16@lmcp_part%{tag}metadata", b"m")
-    row = read_floor(server.url, LINES, 128)
-    assert row["read_floor_bytes"] == 4 * 100 + 300 and row["read_floor_ms"] > 0
-    assert read_floor(server.url, LINES, 64) == {"read_floor_error": "ValueError: part all: 8 objects read by a "
-                                                                      "request, 4 stored"}
+    row = read_floor(server.url, LINES)
+    assert row["read_floor_bytes"] == 3 * 100 + 300 and row["read_floor_ms"] > 0
+    more = LINES.replace("(all: 3, reach64: 1)", "(all: 8, reach64: 1)")
+    assert read_floor(server.url, more) == {"read_floor_error": "ValueError: part all: 8 objects read by a request, "
+                                                                "4 stored"}

@@ -16,6 +16,7 @@ import torch
 
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layout_fingerprint, paged_format
+from lmcache_platforms.connector.chunk_loads import engine_brings_objects
 from lmcache_platforms.connector.instance_adapter import adapt_engine
 from lmcache_platforms.connector.protocol import LayoutConnector
 from lmcache_platforms.integration.vllm import health
@@ -136,9 +137,10 @@ class Lifecycle(ImplState):
         adapt_engine(engine, connector.parts, self._lmcache_chunk_size, self._key_tags)
 
     def _split_chunks(self) -> bool:
-        """Chunk parts (``connector.parts``) unless the setting says whole, LMCache's async loading is on (its
-        prefetching lookup knows one key per chunk), or a remote store reads chunks whole (logged)."""
-        split = self.settings.chunk_parts == "window" and not self.async_loading
+        """Chunk parts (``connector.parts``) unless the setting says whole, LMCache's engine brings a load's
+        objects itself (its async loading's prefetching lookup knows one key per chunk; an MLA rank's broadcast,
+        a PD receiver: ``chunk_loads.engine_brings_objects``), or a remote store reads chunks whole (logged)."""
+        split = self.settings.chunk_parts == "window" and not engine_brings_objects(self.lmcache_engine)
         reason = whole_chunk_reader(self.config, self.lmcache_engine) if split else None
         if reason is not None:
             logger.info("platforms.chunk_parts=window but %s: chunks are stored whole", reason)

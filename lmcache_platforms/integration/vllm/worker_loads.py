@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmcache_platforms.connector.chunk_loads import LoadJob
+from lmcache_platforms.connector.chunk_loads import load as load_chunks
 from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.poison import poison_blocks
-from lmcache_platforms.connector.request import LAYER_GATE
 from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults, StartedLoad
 from lmcache_platforms.integration.vllm.impl_state import ImplState
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
-from lmcache_platforms.integration.vllm.stats import grown
 from lmcache_platforms.log import init_logger
 
 if TYPE_CHECKING:
@@ -69,14 +69,6 @@ class WorkerLoads(ImplState):
         """Per-step state is reset here: vLLM 0.32+ calls start_load_kv only on steps with synchronous loads."""
         self.current_layer = 0
         self.layerwise_retrievers = []
-
-    def _transfer_kwargs(self, meta: RequestMeta, block_ids: Any, gate: LayerGate | None = None) -> dict[str, Any]:
-        """What our GPU connector reads (see ``lmcache_platforms.connector.request``), plus the key tags."""
-        kwargs = {"block_ids": block_ids, "request_configs": with_tags(meta.request_configs, self._key_tags),
-                  "req_id": meta.req_id}
-        if gate is not None:
-            kwargs[LAYER_GATE] = gate
-        return kwargs
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self.current_layer = 0
@@ -205,47 +197,36 @@ class WorkerLoads(ImplState):
         self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
         self._hear_reads(engine)
-        binding = self._binding()
-        bytes_before = binding.counters.bytes_loaded if binding is not None else 0
-        chunks_before = binding.counters.chunks_loaded if binding is not None else 0
-        groups_before = dict(binding.counters.group_bytes_loaded) if binding is not None else {}
-        corrupt_before = binding.counters.objects_corrupt if binding is not None else 0
+        job = LoadJob(req_id=request.req_id, tokens=torch.tensor(request.token_ids[:num_tokens]), mask=mask,
+                      block_ids=request.blocks_not_held(spec.vllm_cached_tokens, num_tokens),
+                      request_configs=with_tags(request.request_configs, self._key_tags), gate=gate, guard=guard)
         started = time.perf_counter()
+        result = None
         try:
-            ret_mask = engine.retrieve(
-                request.token_ids[:num_tokens],
-                mask,
-                vllm_cached_tokens=spec.vllm_cached_tokens,
-                load_guard=guard,
-                **self._transfer_kwargs(request, request.blocks_not_held(spec.vllm_cached_tokens, num_tokens), gate),
-            )
+            result = load_chunks(engine, job)
         finally:
             if gate is not None:
                 gate.release()
             if not self.async_loading:
                 engine.lookup_unpin(request.req_id)
             self.stats.timing("load_seconds", time.perf_counter() - started)
-            if binding is not None:
-                self.stats.count("bytes_loaded", binding.counters.bytes_loaded - bytes_before)
-                self.stats.count("chunks_loaded", binding.counters.chunks_loaded - chunks_before)
-                self.stats.count_labelled("group_bytes_loaded",
-                                          grown(groups_before, binding.counters.group_bytes_loaded))
+            if result is not None:
+                self.stats.count("bytes_loaded", result.bytes)
+                self.stats.count("chunks_loaded", result.chunks)
+                self.stats.count_labelled("group_bytes_loaded", result.group_bytes)
         if guard.failure is not None:
             logger.error("request %s: LMCache load of %d tokens failed: %s", request.req_id, int(mask.sum()),
                          guard.failure)
             return skipped
-        missing = mask & ~ret_mask.to(device="cpu", dtype=torch.bool)
+        missing = mask & ~result.arrived
         if not bool(missing.any()):
-            if binding is not None:
-                logger.info("request %s: loaded tokens [%d, %d) from LMCache, %d bytes read%s", request.req_id,
-                            skipped, num_tokens, binding.counters.bytes_loaded - bytes_before,
-                            ", layer by layer" if gate is not None else "")
+            logger.info("request %s: loaded tokens [%d, %d) from LMCache, %d bytes read%s", request.req_id,
+                        skipped, num_tokens, result.bytes, ", layer by layer" if gate is not None else "")
             return None
         first = int(torch.nonzero(missing)[0])
-        corrupt = binding is not None and binding.counters.objects_corrupt > corrupt_before
-        guard.failed("corrupt" if corrupt else "missing")
+        guard.failed("corrupt" if result.corrupt else "missing")
         logger.error("request %s: LMCache returned %d of %d expected tokens; failed from token %d",
-                     request.req_id, int((mask & ret_mask.cpu().bool()).sum()), int(mask.sum()), first)
+                     request.req_id, int((mask & result.arrived).sum()), int(mask.sum()), first)
         return first
 
     def _fail_load(self, request: RequestMeta, first: int, num_tokens: int, cause: str | None) -> None:

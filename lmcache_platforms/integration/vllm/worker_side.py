@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.parts import store_chunks_ending_at
+from lmcache_platforms.connector.request import LAYER_GATE
 from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm.kv_events import (
     ChunkId,
@@ -123,7 +125,7 @@ class WorkerSide(WorkerLoads):
                 continue
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False
-            kwargs = self._transfer_kwargs(request, request.block_ids, gate)
+            kwargs = self._store_kwargs(request, gate)
             binding = self._binding()
             bytes_before = binding.counters.bytes_stored if binding is not None else 0
             chunks_before = binding.counters.chunks_stored if binding is not None else 0
@@ -144,6 +146,14 @@ class WorkerSide(WorkerLoads):
                 logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s%s", request.req_id,
                             start, end, binding.counters.bytes_stored - bytes_before, states,
                             ", layer by layer" if gate is not None else "")
+
+    def _store_kwargs(self, request: RequestMeta, gate: LayerGate | None) -> dict[str, Any]:
+        """What LMCache's store passes our GPU connector (``connector.request``), plus the key tags."""
+        kwargs: dict[str, Any] = {"block_ids": request.block_ids, "req_id": request.req_id,
+                                  "request_configs": with_tags(request.request_configs, self._key_tags)}
+        if gate is not None:
+            kwargs[LAYER_GATE] = gate
+        return kwargs
 
     def _hear_removals(self, engine: LMCacheEngine) -> None:
         """For the KV events: from this worker's first save on, report what its engine's local tiers drop
