@@ -40,16 +40,17 @@ def test_a_stuck_layerwise_load_is_given_up_at_its_deadline_and_its_late_answer_
     assert hit == 192
     engine = layerwise.worker.impl.lmcache_engine
     answer, answered = threading.Event(), threading.Event()
-    retrieve = engine.retrieve
+    manager = engine.storage_manager
+    read = manager.batched_get  # the load's read from the tier: the store that does not answer
 
     def stuck(*args, **kwargs):
         answer.wait(60)
         try:
-            return retrieve(*args, **kwargs)
+            return read(*args, **kwargs)
         finally:
             answered.set()
 
-    monkeypatch.setattr(engine, "retrieve", stuck)
+    monkeypatch.setattr(manager, "batched_get", stuck)
     untouched = layerwise.rows(0, TABLE_B[0], range(192))
     started = time.monotonic()
     layerwise.step(step, {})
@@ -60,7 +61,7 @@ def test_a_stuck_layerwise_load_is_given_up_at_its_deadline_and_its_late_answer_
     assert torch.equal(layerwise.rows(0, TABLE_B[0], range(192)), untouched)
 
     # The control: the same hit loaded by a store that answers does write those rows.
-    monkeypatch.setattr(engine, "retrieve", retrieve)
+    monkeypatch.setattr(manager, "batched_get", read)
     hit, step = admit(layerwise, "c", prompt, TABLE_C)
     layerwise.step(step, {})
     assert hit == 192 and layerwise.worker.get_block_ids_with_load_errors() == set()
@@ -74,19 +75,21 @@ def test_the_step_saves_never_unpin_a_hit_its_layerwise_load_is_still_reading(la
     hit, step = admit(layerwise, "d", prompt, TABLE_D)  # PROMPT's chunks: stored by the test above
     assert hit == 192
     engine = layerwise.worker.impl.lmcache_engine
-    answer = threading.Event()
-    retrieve = engine.retrieve
+    answer, reading = threading.Event(), threading.Event()
+    read = engine.storage_manager.batched_get
 
     def held(*args, **kwargs):
+        reading.set()
         answer.wait(60)
-        return retrieve(*args, **kwargs)
+        return read(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "retrieve", held)
+    monkeypatch.setattr(engine.storage_manager, "batched_get", held)
     worker = layerwise.worker
     worker.bind_connector_metadata(layerwise.scheduler.build_connector_meta(step))
     try:
         worker.start_load_kv(SimpleNamespace(
             no_compile_layers=layerwise.vllm_config.compilation_config.static_forward_context))
+        assert reading.wait(60)  # the load is reading its objects, held there
         assert "d" in engine.lookup_pins  # returned at once: every layer waits for itself
         for name in LAYERS:
             worker.save_kv_layer(name, None, None)
