@@ -88,8 +88,16 @@ class TransferCounters:
     def count_groups(self, fmt: ChunkFormat, objects: int, stored: bool) -> None:
         """``objects`` objects of ``fmt`` moved: their bytes, group by group."""
         counts = self.group_bytes_stored if stored else self.group_bytes_loaded
-        for launch in fmt.launches:
-            counts[launch.tg.group] = counts.get(launch.tg.group, 0) + objects * launch.nbytes
+        for group, nbytes in group_bytes(fmt, objects).items():
+            counts[group] = counts.get(group, 0) + nbytes
+
+
+def group_bytes(fmt: ChunkFormat, objects: int) -> dict[int, int]:
+    """The payload bytes of ``objects`` objects of ``fmt``, by vLLM KV-cache group index."""
+    shares: dict[int, int] = {}
+    for launch in fmt.launches:
+        shares[launch.tg.group] = shares.get(launch.tg.group, 0) + objects * launch.nbytes
+    return shares
 
 
 class LayoutBinding:
@@ -219,7 +227,7 @@ class LayoutBinding:
         ``store_chunks(..., hashing=)`` adds to as its kernels copy (pieces join in any order); then
         ``finish_stripes`` gives ``seal`` their CRCs. None when the chunks are staged on a device or the native
         CRC-32C is missing, or the objects have no payload: ``seal`` then hashes the objects in a pass."""
-        if not self._hashes_host_objects() or not fmt.payload_bytes:
+        if not self._hashes_in_copy(fmt):
             return None
         return checksum.object_stripes(fmt.payload_bytes, objects)
 
@@ -253,7 +261,7 @@ class LayoutBinding:
         object is written. Otherwise (objects with no payload too: a layerwise step of layers that hold no row
         of the chunk) every object is checked before the first launch. Runs on the load stream itself."""
         stripes = self._stripes_on_device(fmt, len(hosts))
-        if stripes is None and self._hashes_host_objects() and fmt.payload_bytes:
+        if stripes is None and self._hashes_in_copy(fmt):
             return self._load_hashed(fmt, hosts, slots)
         corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
         if not corrupt:
@@ -292,6 +300,11 @@ class LayoutBinding:
         """Whether the kernels hash objects as they store them and check them stripe by stripe as they load them:
         host objects (not staged on a device) and the native CRC-32C built."""
         return not self.scratch and checksum.stripes_are_crc32c()
+
+    def _hashes_in_copy(self, fmt: ChunkFormat) -> bool:
+        """Whether whole objects of ``fmt`` are hashed by the kernels that copy them: host objects, the native
+        CRC-32C, and a payload to copy (objects without one are hashed in a pass, which has their one stripe)."""
+        return self._hashes_host_objects() and fmt.payload_bytes > 0
 
     def _load_hashed(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                      slots: Mapping[int, torch.Tensor]) -> list[int]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from lmcache_platforms.connector.binding import group_bytes
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.connector.parts import part_configs, where_held
@@ -43,7 +44,9 @@ WHOLE = "whole"  # the part name in the load's log line of chunks stored whole
 @dataclass(frozen=True)
 class LoadJob:
     """One request's load: ``mask`` marks the tokens of ``tokens`` to load (a prefix may be left out: vLLM
-    holds it); ``block_ids`` holds one block table per KV-cache group, from token 0."""
+    holds it); ``block_ids`` holds one block table per KV-cache group, from token 0, with 0 for the blocks vLLM
+    holds. ``vllm_cached_tokens`` is vLLM's own hit, which LMCache's GPU connectors read instead (through
+    LMCache's retrieve) to leave those rows alone."""
 
     req_id: str
     tokens: torch.Tensor
@@ -52,6 +55,7 @@ class LoadJob:
     mask: torch.Tensor | None = None
     gate: LayerGate | None = None
     guard: WriteGuard | None = None
+    vllm_cached_tokens: int = 0
 
     def wanted(self) -> torch.Tensor:
         n = len(self.tokens)
@@ -154,9 +158,9 @@ def _chunks(engine: Any, parts: Sequence[ChunkPart], job: LoadJob, wanted: torch
 
 
 def _read(engine: Any, job: LoadJob, chunks: list[_Chunk]) -> list[Any]:
-    """Every chunk's object, read from the tier holding it (one call per tier). Chunks stored whole: the run from
-    the first that is held and read, ``chunks`` cut to it (a shorter hit); in parts, every part's chunks or
-    nothing ([]). Objects read but not kept are released here."""
+    """Every chunk's object, read from the tier holding it (one call per tier), ``chunks`` cut to those returned.
+    Chunks stored whole: the run from the first that is held and read (a shorter hit); in parts, every part's
+    chunks or nothing. Objects read but not kept are released here."""
     keys = [chunk.key for chunk in chunks]
     held, tiers = where_held(engine, keys, job.req_id)
     if held < len(keys):
@@ -164,6 +168,7 @@ def _read(engine: Any, job: LoadJob, chunks: list[_Chunk]) -> list[Any]:
         if chunk.part is not None:
             logger.warning("request %s: part %s of chunk %d of a %d-token hit is gone: nothing loaded", job.req_id,
                            chunk.part.name, chunk.start // engine.config.chunk_size, len(job.tokens))
+            chunks.clear()
             return []
         logger.warning("request %s: the object of tokens [%d, %d) is gone: the load ends there", job.req_id,
                        chunk.start, chunk.end)
@@ -209,11 +214,10 @@ def _write(engine: Any, connector: LayoutGPUConnector, job: LoadJob, chunks: Seq
                 corrupt.extend(chunks[picked[i]] for i in bad)
                 return
             fmt = connector.part_format(part)
-            result.chunks += len(picked) if part in (None, 0) else 0
+            result.chunks += len(picked) if connector.counts_chunks(part) else 0
             result.bytes += len(picked) * fmt.nbytes
-            for launch in fmt.launches:
-                group = launch.tg.group
-                result.group_bytes[group] = result.group_bytes.get(group, 0) + len(picked) * launch.nbytes
+            for group, nbytes in group_bytes(fmt, len(picked)).items():
+                result.group_bytes[group] = result.group_bytes.get(group, 0) + nbytes
 
     if job.guard is None:
         write()
@@ -237,7 +241,7 @@ def _discard(engine: Any, req_id: str, corrupt: Sequence[_Chunk]) -> None:
 def _through_lmcache(engine: Any, job: LoadJob) -> LoadResult:
     """LMCache's own retrieve, the job as its keyword arguments."""
     kwargs: dict[str, Any] = {BLOCK_IDS: job.block_ids, "request_configs": dict(job.request_configs),
-                              "req_id": job.req_id}
+                              "req_id": job.req_id, "vllm_cached_tokens": job.vllm_cached_tokens}
     if job.gate is not None:
         kwargs[LAYER_GATE] = job.gate
     if job.guard is not None:

@@ -87,7 +87,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         """The format of what LMCache's own store or retrieve moves (the part ``parts.active_part`` names)."""
         return self.part_format(current_part())
 
-    def _counts_chunks(self, part: int | None) -> bool:
+    def counts_chunks(self, part: int | None) -> bool:
         """Chunks are counted once, when their widest part (the first) moves; bytes for every part."""
         return not self.parts or part == 0
 
@@ -126,7 +126,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                     stripes = binding.finish_stripes(fmt, hashing)
         binding.streams.finish_store()
         binding.seal(fmt, hosts, stripes)
-        binding.counters.chunks_stored += len(hosts) if self._counts_chunks(current_part()) else 0
+        binding.counters.chunks_stored += len(hosts) if self.counts_chunks(current_part()) else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
         binding.counters.count_groups(fmt, len(hosts), stored=True)
 
@@ -165,7 +165,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             binding.counters.objects_corrupt += len(corrupt)
             return corrupt
         binding.streams.finish_load()
-        binding.counters.chunks_loaded += len(hosts) if self._counts_chunks(part) else 0
+        binding.counters.chunks_loaded += len(hosts) if self.counts_chunks(part) else 0
         binding.counters.bytes_loaded += len(hosts) * fmt.nbytes
         binding.counters.count_groups(fmt, len(hosts), stored=False)
         return []

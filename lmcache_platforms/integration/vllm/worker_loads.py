@@ -199,7 +199,8 @@ class WorkerLoads(ImplState):
         self._hear_reads(engine)
         job = LoadJob(req_id=request.req_id, tokens=torch.tensor(request.token_ids[:num_tokens]), mask=mask,
                       block_ids=request.blocks_not_held(spec.vllm_cached_tokens, num_tokens),
-                      request_configs=with_tags(request.request_configs, self._key_tags), gate=gate, guard=guard)
+                      request_configs=with_tags(request.request_configs, self._key_tags), gate=gate, guard=guard,
+                      vllm_cached_tokens=spec.vllm_cached_tokens)
         started = time.perf_counter()
         result = None
         try:
