@@ -31,15 +31,12 @@ import torch
 from lmcache_platforms.connector.binding import group_bytes
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.paged import LayoutGPUConnector
-from lmcache_platforms.connector.parts import part_configs, where_held
+from lmcache_platforms.connector.parts import objects_per_part, part_configs, where_held
 from lmcache_platforms.connector.request import BLOCK_IDS, LAYER_GATE, LOAD_GUARD, WriteGuard
 from lmcache_platforms.layout.parts import ChunkPart, needed_chunks
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
-
-WHOLE = "whole"  # the part name in the load's log line of chunks stored whole
-
 
 @dataclass(frozen=True)
 class LoadJob:
@@ -119,18 +116,9 @@ def load(engine: Any, job: LoadJob) -> LoadResult:
                 memory_obj.ref_count_down()
         engine.stats_monitor.on_retrieve_finished(stats, result.tokens)
     logger.info("request %s: read %d objects (%s) for %d of %d tokens, %d bytes written, %.3f ms", job.req_id,
-                len(chunks), _per_part(chunks), result.tokens, int(wanted.sum()), result.bytes,
-                (time.perf_counter() - started) * 1000)
+                len(chunks), objects_per_part([chunk.part for chunk in chunks]), result.tokens, int(wanted.sum()),
+                result.bytes, (time.perf_counter() - started) * 1000)
     return result
-
-
-def _per_part(chunks: Sequence[_Chunk]) -> str:
-    """``name: count`` of each part's objects (``whole`` for chunks stored whole), as ``bench`` reads them."""
-    counts: dict[str, int] = {}
-    for chunk in chunks:
-        name = WHOLE if chunk.part is None else chunk.part.name
-        counts[name] = counts.get(name, 0) + 1
-    return ", ".join(f"{name}: {count}" for name, count in counts.items())
 
 
 def engine_brings_objects(engine: Any) -> bool:

@@ -25,7 +25,7 @@ INSTANCE_CHANGES: tuple[InstanceChange, ...] = (
     InstanceChange(METADATA, METADATA_METHODS, "our GPU connector is bound",
                    "LMCache sizes each chunk's MemoryObj from them before any connector code runs"),
     InstanceChange(ENGINE, ("store", "lookup"), "chunks are stored in parts",
-                   "each part of a chunk is its own object; a hit needs every part it reads"),
+                   "each part of a chunk is its own object, in its own shape; a hit needs every part it reads"),
     InstanceChange(ENGINE, TAGGED_METHODS, "a layout is attached",
                    "the scheduler's lookups carry the layout's key tags"),
 )

@@ -25,7 +25,7 @@ from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemLayerwiseGPUConn
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.checksum import ChecksumMismatch, format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, step_formats
-from lmcache_platforms.connector.instance_adapter import describe_chunks
+from lmcache_platforms.connector.chunk_shapes import describe_chunks
 from lmcache_platforms.connector.request import block_ids_from, check_chunk
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout

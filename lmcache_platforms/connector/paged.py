@@ -23,10 +23,9 @@ from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache_platforms.connector.binding import BoundLayoutMixin, LayoutBinding, memory_obj_bytes
 from lmcache_platforms.connector.checksum import ChecksumMismatch, format_version
 from lmcache_platforms.connector.chunk_format import ChunkFormat, paged_format
-from lmcache_platforms.connector.instance_adapter import describe_chunks
+from lmcache_platforms.connector.chunk_shapes import describe_chunks
 from lmcache_platforms.connector.layer_gate import LayerGate
-from lmcache_platforms.connector.parts import current_part
-from lmcache_platforms.connector.request import LAYER_GATE, block_ids_from, check_chunk, run_guarded
+from lmcache_platforms.connector.request import LAYER_GATE, block_ids_from, block_tables, check_chunk, run_guarded
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.layout.parts import ChunkPart, chunk_parts
@@ -62,7 +61,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         self.binding = LayoutBinding(layout, part_formats or [fmt], self.kernel_backend)
         self.fmt, self.parts, self.part_formats = fmt, parts, part_formats
         if self.metadata is not None:
-            describe_chunks(self.metadata, fmt, part_formats)
+            describe_chunks(self.metadata, fmt)
         logger.info(
             "bound layout: %d transfer groups, %d bytes per chunk (%s mode)%s, kernels %s, checksum %s, key tag %s "
             "(chunks stored under another format or checksum have other keys and miss)",
@@ -78,21 +77,17 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         if not self.parts:
             return self.fmt
         if part is None:
-            raise TransferError("this layout stores chunks in parts: store through the engine's store as "
-                                "connector.instance_adapter.adapt_engine wraps it, load through "
+            raise TransferError("this layout stores chunks in parts: store through connector.chunk_stores (the "
+                                "engine's store, as connector.instance_adapter adapts it), load through "
                                 "connector.chunk_loads")
         return self.part_formats[part]
-
-    def _format(self) -> ChunkFormat:
-        """The format of what LMCache's own store or retrieve moves (the part ``parts.active_part`` names)."""
-        return self.part_format(current_part())
 
     def counts_chunks(self, part: int | None) -> bool:
         """Chunks are counted once, when their widest part (the first) moves; bytes for every part."""
         return not self.parts or part == 0
 
     def get_shape(self, num_tokens: int) -> torch.Size:
-        return self._format().shape
+        return self.part_format(None).shape
 
     def from_gpu(self, memory_obj, start: int, end: int, **kwargs) -> None:
         self.batched_from_gpu([memory_obj], [start], [end], **kwargs)
@@ -101,16 +96,22 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         self.batched_to_gpu([memory_obj], [start], [end], **kwargs)
 
     def batched_from_gpu(self, memory_objs, starts, ends, **kwargs) -> None:
-        """KV caches -> MemoryObjs, one chunk per object; returns once the bytes are in host memory. With a
-        ``layer_gate``, layer by layer as the forward marks them written."""
+        """LMCache's own store (chunks stored whole): KV caches -> MemoryObjs (``store_objects``)."""
+        self.store_objects(None, memory_objs, starts, ends, block_ids_from(kwargs, self._bound().layout),
+                           kwargs.get(LAYER_GATE))
+
+    def store_objects(self, part: int | None, memory_objs: Sequence[Any], starts: Sequence[int],
+                      ends: Sequence[int], block_ids: Sequence[Any], gate: LayerGate | None = None) -> None:
+        """KV caches -> MemoryObjs of part ``part`` (None: whole chunks), one chunk per object, each sealed with
+        its checksum; returns once the bytes are in host memory. With a ``gate``, layer by layer as the forward
+        marks them written."""
         binding = self._bound()
-        fmt = self._format()
-        block_ids = block_ids_from(kwargs, binding.layout)
+        fmt = self.part_format(part)
+        ids = block_tables(block_ids, binding.layout)
         for start, end in zip(starts, ends, strict=True):
             check_chunk(binding.layout, start, end)
         hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
-        gate: LayerGate | None = kwargs.get(LAYER_GATE)
-        slots = binding.chunk_slots(fmt, block_ids, starts, ends)
+        slots = binding.chunk_slots(fmt, ids, starts, ends)
         stripes = None
         with binding.streams.storing():
             if gate is None:
@@ -126,7 +127,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
                     stripes = binding.finish_stripes(fmt, hashing)
         binding.streams.finish_store()
         binding.seal(fmt, hosts, stripes)
-        binding.counters.chunks_stored += len(hosts) if self.counts_chunks(current_part()) else 0
+        binding.counters.chunks_stored += len(hosts) if self.counts_chunks(part) else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
         binding.counters.count_groups(fmt, len(hosts), stored=True)
 
@@ -138,7 +139,7 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
         block_ids = block_ids_from(kwargs, binding.layout)
 
         def write() -> None:
-            corrupt = self.load_objects(current_part(), memory_objs, starts, ends, block_ids, kwargs.get(LAYER_GATE))
+            corrupt = self.load_objects(None, memory_objs, starts, ends, block_ids, kwargs.get(LAYER_GATE))
             if corrupt:
                 chunks = ", ".join(f"[{starts[i]}, {ends[i]})" for i in corrupt)
                 raise ChecksumMismatch(f"the stored object of chunk {chunks} fails its checksum: the load failed, "

@@ -3,13 +3,11 @@
 LMCache's engine knows one object per chunk key. A layout with window or snapshot groups beside full attention
 stores each chunk as several objects instead, one per part, told apart by the ``lmcache.tag.lmcp_part``
 request config (LMCache puts ``lmcache.tag.*`` entries into its keys), so every tier (local CPU, local disk,
-remote) holds, evicts and returns them independently. ``parts_methods`` wraps one engine instance's
-``store`` and ``lookup`` (``instance_adapter`` installs them); loads read the parts through
-``connector.chunk_loads``, which asks this module where each object is (``where_held``):
+remote) holds, evicts and returns them independently. Stores write every part of every chunk
+(``connector.chunk_stores``: any chunk may end a later hit); loads read the parts through ``connector.chunk_loads``,
+which asks this module where each object is (``where_held``); ``lookup_method`` is one engine instance's
+``lookup`` made to find parts (``instance_adapter`` installs it):
 
-- ``store`` stores every part of every chunk (any chunk may end a later hit): the same bytes as one object;
-  given ``state_ends``, a part carrying a snapshot group only for the chunks ending there (a recurrent state
-  exists only where the caller says it was kept; ``store_chunks_ending_at``);
 - ``lookup`` reports the longest hit for which every part holds every chunk it needs (``longest_hit``),
   so an evicted window part of an early chunk (never read again) costs nothing, and pins exactly those
   objects.
@@ -18,22 +16,13 @@ Which objects are held is asked for a run of chunks at once (``_held_run``), nev
 question to a remote store is a round trip. A lookup asks first for every object of the whole prompt's hit in
 one run. A load asks nothing when the lookup before it pinned every object it reads (vLLM's loads: the hit
 looked up), else for every part's in one run, and reads each object from the tier found.
-
-LMCache sizes an object it allocates for a store from ``metadata.get_shapes()`` before the connector runs,
-without saying for which key, so the part being stored is set in a context variable (``active_part``) that the
-metadata and the GPU connector read; the disk and remote tiers read each object's own shape back
-(``save_chunk_meta``, the default for ``fs://``; Redis always does).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-import torch
 
 from lmcache_platforms.layout.parts import ChunkPart, longest_hit, needed_chunks
 from lmcache_platforms.log import init_logger
@@ -41,23 +30,17 @@ from lmcache_platforms.log import init_logger
 logger = init_logger(__name__)
 
 PART_TAG = "lmcache.tag.lmcp_part"
-
-_active: ContextVar[int | None] = ContextVar("lmcache_platforms_chunk_part", default=None)
-
-
-@contextlib.contextmanager
-def active_part(index: int) -> Iterator[None]:
-    """LMCache calls made inside move part ``index`` (its shape, its launches)."""
-    token = _active.set(index)
-    try:
-        yield
-    finally:
-        _active.reset(token)
+WHOLE = "whole"  # the part name, in the store's and load's log lines, of chunks stored whole
 
 
-def current_part() -> int | None:
-    """The part being moved in this thread, None outside ``active_part``."""
-    return _active.get()
+def objects_per_part(parts: Sequence[ChunkPart | None]) -> str:
+    """``name: count`` of the objects of each part in ``parts`` (one entry per object; None, ``whole``, for
+    chunks stored whole), as the store's and load's log lines say it and ``bench`` reads it."""
+    counts: dict[str, int] = {}
+    for part in parts:
+        name = WHOLE if part is None else part.name
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name}: {count}" for name, count in counts.items())
 
 
 def part_configs(request_configs: Mapping[str, Any] | None, part: ChunkPart) -> dict[str, Any]:
@@ -65,42 +48,10 @@ def part_configs(request_configs: Mapping[str, Any] | None, part: ChunkPart) -> 
     return {**(request_configs or {}), PART_TAG: part.name}
 
 
-def parts_methods(engine: Any, methods: Mapping[str, Callable[..., Any]], parts: Sequence[ChunkPart],
-                  chunk_size: int) -> dict[str, Callable[..., Any]]:
-    """``engine``'s store and lookup (as ``methods`` has them) made to move ``parts``; installed by
-    ``instance_adapter.adapt_engine``. Loads read parts through ``connector.chunk_loads``."""
-    bound = tuple(parts)
-    return {name: functools.wraps(methods[name])(functools.partial(wrapper, methods[name], engine, bound, chunk_size))
-            for name, wrapper in (("store", _store), ("lookup", _lookup))}
-
-
-def _store(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
-           hashes: Any = None, offsets: Any = None, mask: Any = None, state_ends: Sequence[int] | None = None,
-           **kwargs: Any) -> None:
-    for part in parts:
-        call = {**kwargs, "request_configs": part_configs(kwargs.get("request_configs"), part)}
-        with active_part(part.index):
-            if state_ends is not None and part.snapshots:
-                store_chunks_ending_at(original, tokens, mask, state_ends, chunk_size, **call)
-            else:
-                original(tokens, hashes, offsets, mask, **call)
-
-
-def store_chunks_ending_at(store: Callable[..., Any], tokens: Any, mask: torch.Tensor | None, ends: Sequence[int],
-                           chunk_size: int, **kwargs: Any) -> None:
-    """Store only the chunks of ``tokens`` ending at ``ends`` (and within ``mask``), one call each: LMCache's
-    masks may only skip a prefix, and a chunk's key depends on the tokens up to its end alone."""
-    if tokens is None:
-        raise ValueError("storing chunks at given ends needs the tokens, not their hashes")
-    for end in ends:
-        if not chunk_size <= end <= len(tokens):
-            continue
-        chunk_mask = torch.zeros(end, dtype=torch.bool)
-        chunk_mask[end - chunk_size:] = True
-        if mask is not None:
-            chunk_mask &= mask[:end].to("cpu", torch.bool)
-        if bool(chunk_mask.any()):
-            store(tokens[:end], None, None, chunk_mask, **kwargs)
+def lookup_method(engine: Any, lookup: Callable[..., Any], parts: Sequence[ChunkPart],
+                  chunk_size: int) -> Callable[..., Any]:
+    """``engine``'s ``lookup`` made to find every part of every chunk a hit needs (``_lookup``)."""
+    return functools.wraps(lookup)(functools.partial(_lookup, engine, tuple(parts), chunk_size))
 
 
 def where_held(engine: Any, keys: Sequence[Any], request_id: str | None) -> tuple[int, dict[Any, str]]:
@@ -183,7 +134,7 @@ def _record(into: dict[str, list[Any]] | None, where: Mapping[str, list[Any]]) -
             into.setdefault(location, []).extend(held)
 
 
-def _lookup(original: Any, engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
+def _lookup(engine: Any, parts: tuple[ChunkPart, ...], chunk_size: int, tokens: Any = None,
             hashes: Any = None, offsets: Any = None, search_range: list[str] | None = None,
             lookup_id: str | None = None, pin: bool = False, request_configs: dict | None = None) -> int:
     """The longest hit every part can serve; with ``pin``, its objects are pinned under ``lookup_id``: pinned as

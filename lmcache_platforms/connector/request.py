@@ -51,12 +51,21 @@ def run_guarded(kwargs: Mapping[str, Any], write: Callable[[], None]) -> None:
 
 def block_ids_from(kwargs: Mapping[str, Any], layout: KVLayout) -> list[torch.Tensor]:
     """The ``block_ids`` kwarg as one CPU int64 tensor per group index; TransferError when unusable."""
+    return block_tables(required_block_ids(kwargs), layout)
+
+
+def required_block_ids(kwargs: Mapping[str, Any]) -> Any:
+    """The ``block_ids`` kwarg as given; TransferError naming the kwargs given when it is absent."""
     if BLOCK_IDS not in kwargs:
         raise TransferError(
             f"lmcache_platforms connector needs the kwarg {BLOCK_IDS}=(ids of group 0, ids of group 1, ...); "
             f"got only {sorted(kwargs)}"
         )
-    raw = kwargs[BLOCK_IDS]
+    return kwargs[BLOCK_IDS]
+
+
+def block_tables(raw: Any, layout: KVLayout) -> list[torch.Tensor]:
+    """``raw`` block ids (one table per group index) as CPU int64 tensors; TransferError when unusable."""
     if isinstance(raw, torch.Tensor) or not isinstance(raw, Sequence):
         raise TransferError(f"{BLOCK_IDS} must be a sequence with one block list per group, got {type(raw).__name__}")
     needed = max((tg.group for tg in layout.transfer_groups), default=-1) + 1

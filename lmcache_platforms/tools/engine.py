@@ -102,14 +102,19 @@ class LayoutEngine:
         assert self.connector.binding is not None
         return self.connector.binding.key_tags
 
-    def store(self, tokens: list[int], block_ids: list[torch.Tensor], **transfer: Any) -> None:
-        """``transfer``: more kwargs for the connector (``connector.request``), e.g. a ``layer_gate``."""
-        kwargs = {"block_ids": block_ids, "request_configs": self.tags, **transfer}
+    def store(self, tokens: list[int], block_ids: list[torch.Tensor], gate: LayerGate | None = None) -> None:
+        """Store every chunk of ``tokens``; with ``gate``, layer by layer as it marks them written."""
         if self.layerwise:
-            for _ in self.engine.store_layer(torch.tensor(tokens), sync=True, **kwargs):
+            for _ in self.engine.store_layer(torch.tensor(tokens), sync=True, block_ids=block_ids,
+                                             request_configs=self.tags):
                 pass
-        else:
-            self.engine.store(torch.tensor(tokens), **kwargs)
+            return
+        from lmcache_platforms.connector.chunk_stores import StoreJob
+        from lmcache_platforms.connector.chunk_stores import store as store_chunks
+
+        job = StoreJob(req_id=f"store-{uuid.uuid4().hex[:8]}", tokens=torch.tensor(tokens), block_ids=block_ids,
+                       request_configs=self.tags, gate=gate)
+        store_chunks(self.engine, job)
 
     def lookup(self, tokens: list[int], search_range: list[str] | None = None) -> int:
         return self.engine.lookup(torch.tensor(tokens), search_range=search_range, request_configs=self.tags)

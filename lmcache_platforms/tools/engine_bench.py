@@ -6,8 +6,8 @@ connector, the storage backends and vLLM's own threads. Each tier serves the sam
 fresh in-process engines (``tools/demo/engine_pass``, cores pinned as the demo pins them). A cold pass stores
 them; the local CPU tier then serves them again in the same engine with vLLM's prefix cache off, so every hit
 is LMCache's; every other tier serves them from a fresh engine whose CPU cache is empty, so every hit is read
-from that tier. A request's speed is our connector's exact byte count for it over the cost LMCache's own
-"Stored" / "Retrieved" lines report for it (one line per chunk part). The ``vllm`` pseudo-tier is what a
+from that tier. A request's speed is our connector's exact byte count for it over the cost the lines of
+``connector.chunk_stores`` and ``chunk_loads`` report for its store and load. The ``vllm`` pseudo-tier is what a
 hit is worth without LMCache: vLLM's own prefix cache answering each prompt a second time in one engine.
 """
 
@@ -39,11 +39,10 @@ TIERS = ("cpu", "disk", "fs", "redis", "redis-cluster", VLLM_HIT)
 # The Redis tiers: a private store of each kind, started for the tier and stopped after it.
 REDIS_STORES = {"redis": RedisServer, "redis-cluster": RedisCluster}
 MODES = ("paged", "layerwise")
-# Each store call's cost in ms comes from LMCache's line (v0.5.6 cache_engine.py, one per chunk part), each
-# load's from ours (connector/chunk_loads.py); LMCache's size (GiB, four decimals) is too coarse for short
-# prompts, so bytes come from our connector's line for the request, logged after every call for it.
+# Each store's and load's cost in ms comes from the line of connector/chunk_stores.py or chunk_loads.py; bytes
+# come from our connector's line for the request, logged after every call for it.
 CALL_COST = {
-    "store": re.compile(r"Stored \d+ out of total \d+ tokens\. size: [\d.]+ GB, cost ([\d.]+) ms"),
+    "store": re.compile(r"stored \d+ objects \([^)]*\) for \d+ of \d+ tokens, \d+ bytes written, ([\d.]+) ms"),
     "load": re.compile(r"read \d+ objects \([^)]*\) for \d+ of \d+ tokens, \d+ bytes written, ([\d.]+) ms"),
 }
 OURS = {

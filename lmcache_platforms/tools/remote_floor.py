@@ -16,8 +16,7 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
-from lmcache_platforms.connector.chunk_loads import WHOLE
-from lmcache_platforms.connector.parts import PART_TAG
+from lmcache_platforms.connector.parts import PART_TAG, WHOLE
 from lmcache_platforms.upstream_fixes.redis_socket_reads import Endpoint, SocketReader
 
 READ = re.compile(r"request (\S+): read \d+ objects \(([^)]*)\)")

@@ -1,6 +1,6 @@
-"""`lmcache-platforms bench --engine`: LMCache's store lines and our per-request lines are paired into exact byte
-counts and costs, and a real run through in-process vLLM engines stores every prompt, hits every prompt and reads only
-what the windows need."""
+"""`lmcache-platforms bench --engine`: the store and load calls' lines and our per-request lines are paired into
+exact byte counts and costs, and a real run through in-process vLLM engines stores every prompt, hits every prompt
+and reads only what the windows need."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from lmcache_platforms.tools.demo.model import TINY_MODEL
 from lmcache_platforms.tools.engine_bench import _row_or_error, kv_bytes_per_token, parse_lines
 
 LOG = """\
-LMCache INFO: [req_id=0-a] Stored 512 out of total 512 tokens. size: 0.0006 GB, cost 1.5000 ms, throughput: x
+lmcache_platforms INFO: request 0: stored 4 objects (whole: 4) for 512 of 512 tokens, 655360 bytes written, 1.500 ms
 lmcache_platforms INFO: request 0: stored tokens [0, 512) in LMCache, 655360 bytes written
-LMCache INFO: [req_id=1-b] Stored 512 out of total 512 tokens. size: 0.0002 GB, cost 2.5000 ms, throughput: x
-LMCache INFO: [req_id=1-b] Stored 512 out of total 512 tokens. size: 0.0004 GB, cost 1.0000 ms, throughput: x
+lmcache_platforms INFO: request 1: stored 8 objects (all: 4, reach64: 4) for 512 of 512 tokens, 655360 bytes \
+written, 3.500 ms
 lmcache_platforms INFO: request 1: stored tokens [0, 512) in LMCache, 655360 bytes written
 lmcache_platforms INFO: request 1: read 5 objects (all: 4, reach64: 1) for 511 of 511 tokens, 360448 bytes \
 written, 0.750 ms
@@ -25,7 +25,7 @@ lmcache_platforms INFO: request 1: loaded tokens [0, 511) from LMCache, 360448 b
 """
 
 
-def test_each_request_pairs_our_exact_bytes_with_the_cost_of_all_its_calls() -> None:
+def test_each_request_pairs_our_exact_bytes_with_the_cost_of_its_call() -> None:
     stored = parse_lines(LOG, "store", skip=1)
     assert (stored.tokens, stored.bytes, stored.seconds) == ([512], [655360.0], [pytest.approx(0.0035)])
     loaded = parse_lines(LOG, "load")

@@ -6,7 +6,7 @@ import torch
 from lmcache.v1.metadata import LMCacheMetadata
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.instance_adapter import describe_chunks, forget_chunks
+from lmcache_platforms.connector.chunk_shapes import describe_chunks, forget_chunks
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools.fixtures import plan
 

@@ -4,7 +4,9 @@ window part of the last chunks only, and an evicted part is handled all-or-nothi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcache_platforms.connector.chunk_format import paged_format
-from lmcache_platforms.connector.parts import part_configs, store_chunks_ending_at
+from lmcache_platforms.connector.parts import part_configs
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.layout.parts import longest_hit, needed_chunks
 from lmcache_platforms.tools import roundtrip
@@ -210,17 +212,47 @@ def test_state_parts_are_stored_only_where_the_caller_kept_a_state() -> None:
             assert not loaded[(start, tg, plane)].any(), (start, tg, plane)
 
 
-@given(st.lists(st.booleans(), min_size=1, max_size=6), st.sampled_from([16, 64]), st.integers(0, 200))
-def test_store_chunks_ending_at_stores_exactly_those_chunks_each_with_a_prefix_mask(kept, chunk, first):
-    tokens = list(range(len(kept) * chunk))
+@functools.cache
+def _token_database(chunk: int) -> Any:
+    """LMCache's token database for ``chunk``-token chunks, as an engine builds it."""
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from lmcache_platforms.tools.engine import engine_config
+
+    metadata = LMCacheMetadata(model_name="m", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                               kv_dtype=torch.uint8, kv_shape=(1, 2, chunk, 1, 1), chunk_size=chunk)
+    return ChunkedTokenDatabase(engine_config(chunk, StorageOptions()), metadata)
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=6), st.sampled_from([16, 64]), st.integers(0, 6), st.booleans())
+def test_a_store_keys_every_chunk_but_those_of_state_parts_not_ending_at_a_kept_state(kept, chunk, skipped, split):
+    """``chunk_stores`` keys, from LMCache's own token database, every chunk after the skipped prefix of a part
+    without recurrent states, and of a part with them (or of whole chunks) only those ending where a state was
+    kept; each under its part's key tag."""
+    from types import SimpleNamespace
+
+    from lmcache_platforms.connector import chunk_stores
+    from lmcache_platforms.layout.parts import chunk_parts
+
+    parts = chunk_parts(materialize(load_layout_spec("qwen3-next"), seed=0)) if split else ()
+    database = _token_database(chunk)
+    tokens = torch.arange(len(kept) * chunk)
+    first = min(skipped, len(kept)) * chunk
     mask = torch.arange(len(tokens)) >= first
     ends = [(i + 1) * chunk for i, keep in enumerate(kept) if keep]
-    calls = []
-    store_chunks_ending_at(lambda t, h, o, m, **kw: calls.append((len(t), m.nonzero().flatten().tolist(), kw)),
-                           tokens, mask, ends, chunk, tag=1)
-    expected = [(end, [t for t in range(end - chunk, end) if t >= first], {"tag": 1}) for end in ends
-                if end > first]
-    assert calls == expected
+    job = chunk_stores.StoreJob("r", tokens, [], {"tag": 1}, mask=mask, state_ends=ends)
+    keyed = chunk_stores._chunks(SimpleNamespace(token_database=database), parts, job, job.wanted())
+    every = [(end - chunk, end) for end in range(chunk, len(tokens) + 1, chunk) if end > first]
+    at_states = [(start, end) for start, end in every if end in ends]
+    expected = [(None, at_states)] if not parts else [(part, every if not part.snapshots else at_states)
+                                                      for part in parts]
+    assert [(part, [(start, end) for start, end, _ in chunks]) for part, chunks in keyed] == \
+        [(part, bounds) for part, bounds in expected if bounds]
+    for part, chunks in keyed:
+        configs = {"tag": 1} if part is None else part_configs({"tag": 1}, part)
+        assert [key for _, _, key in chunks] == [key for start, end, key in database.process_tokens(
+            tokens=tokens, mask=mask, request_configs=configs) if (start, end) in {c[:2] for c in chunks}]
 
 
 def test_a_run_held_by_two_tiers_out_of_their_order_is_found_and_pinned_where_each_object_is(tmp_path) -> None:

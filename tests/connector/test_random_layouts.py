@@ -157,7 +157,7 @@ def test_random_layouts_round_trip_bit_exact(case) -> None:
             written = LayerGate(moved)
             marking = threading.Thread(target=mark_in_order, args=(written, moved, seed))
             marking.start()
-            engine.store(request.tokens, request.store_ids, layer_gate=written)
+            engine.store(request.tokens, request.store_ids, gate=written)
             marking.join()
         else:
             engine.store(request.tokens, request.store_ids)

@@ -222,7 +222,7 @@ def test_vllm_layerwise_mode_waits_for_each_layer_of_the_forward_and_marks_each_
                 written.mark(name, streams.forward_event())
             forward = {entry[2] for entry in runtime.log if entry[0] == "record"}
             runtime.log.clear()
-            engine.store(request.tokens, request.store_ids, layer_gate=written)
+            engine.store(request.tokens, request.store_ids, gate=written)
             store_log = device_steps(runtime.log)
             roundtrip.zero_planes(layout)
             runtime.log.clear()

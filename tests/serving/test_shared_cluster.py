@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import time
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.slow
 SHARED = 4 * CHUNK  # the shared prefix: four whole chunks
 SAMPLING = Sampling(max_tokens=4)
 SERVERS = ("a", "b", "c")
+STORES = re.compile(r": stored \d+ objects \(")  # the line of each store (connector/chunk_stores.py)
 
 
 def tokens(seed: int, count: int) -> list[int]:
@@ -86,13 +88,13 @@ def at_once(servers: dict[str, VllmServer], names: dict[str, list[str]],
 
 
 def killed_while_storing(server: VllmServer, name: str, timeout_s: float = 120.0) -> None:
-    """Send ``name`` to ``server`` and SIGKILL the server's process group the moment its log shows LMCache
-    storing that prompt's first object (the other objects' writes are then queued or on the wire)."""
-    stored_before = server.log_path.read_text(errors="replace").count(" Stored ")
+    """Send ``name`` to ``server`` and SIGKILL the server's process group the moment its log shows the
+    prompt's store (``chunk_stores``: its objects' writes are then queued or on the wire)."""
+    stored_before = len(STORES.findall(server.log_path.read_text(errors="replace")))
     with ThreadPoolExecutor(1) as pool:
         asking = pool.submit(ask, server, [name])
         deadline = time.monotonic() + timeout_s
-        while server.log_path.read_text(errors="replace").count(" Stored ") == stored_before:
+        while len(STORES.findall(server.log_path.read_text(errors="replace"))) == stored_before:
             assert time.monotonic() < deadline and not asking.done(), "the server never stored the prompt"
             time.sleep(0.002)
         assert server.process is not None

@@ -163,13 +163,6 @@ class StatsRecorder:
                 values.clear()
         stats = PlatformsConnectorStats(data)
         return None if stats.is_empty() else stats
-
-
-def grown(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
-    """What each group's running count in ``after`` gained since ``before`` (a copy taken earlier)."""
-    return {group: count - before.get(group, 0) for group, count in after.items() if count != before.get(group, 0)}
-
-
 def _per_engine(metrics: dict[str, Any], labelvalues: dict[int, list[object]]) -> dict[int, dict[str, Any]]:
     """Each metric with each engine's label values bound."""
     return {engine: {name: metric.labels(*values) for name, metric in metrics.items()}

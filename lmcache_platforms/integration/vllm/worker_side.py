@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmcache_platforms.connector.chunk_stores import StoreJob
+from lmcache_platforms.connector.chunk_stores import store as store_chunks
 from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
-from lmcache_platforms.connector.parts import store_chunks_ending_at
-from lmcache_platforms.connector.request import LAYER_GATE
 from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm.kv_events import (
     ChunkId,
@@ -34,7 +34,6 @@ from lmcache_platforms.integration.vllm.kv_events import (
     local_tiers,
 )
 from lmcache_platforms.integration.vllm.request_meta import RequestMeta
-from lmcache_platforms.integration.vllm.stats import grown
 from lmcache_platforms.integration.vllm.worker_loads import WorkerLoads
 from lmcache_platforms.log import init_logger
 
@@ -125,35 +124,29 @@ class WorkerSide(WorkerLoads):
                 continue
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False
-            kwargs = self._store_kwargs(request, gate)
-            binding = self._binding()
-            bytes_before = binding.counters.bytes_stored if binding is not None else 0
-            chunks_before = binding.counters.chunks_stored if binding is not None else 0
-            groups_before = dict(binding.counters.group_bytes_stored) if binding is not None else {}
+            if self._binding() is None:
+                continue
             started = time.perf_counter()
             self._hear_removals(engine)
-            self._store(engine, request, mask, start, end, kwargs)
-            if binding is None:
-                continue
+            job = self._store_job_of(request, mask, gate)
+            result = store_chunks(engine, job)
             self.stats.timing("store_seconds", time.perf_counter() - started)
-            self.stats.count("bytes_stored", binding.counters.bytes_stored - bytes_before)
-            self.stats.count("chunks_stored", binding.counters.chunks_stored - chunks_before)
-            self.stats.count_labelled("group_bytes_stored", grown(groups_before, binding.counters.group_bytes_stored))
-            self._report_stored(engine, request, start, end, binding.counters.chunks_stored - chunks_before,
-                                kwargs.get("request_configs"))
-            if binding.counters.bytes_stored > bytes_before:
+            self.stats.count("bytes_stored", result.bytes)
+            self.stats.count("chunks_stored", result.chunks)
+            self.stats.count_labelled("group_bytes_stored", result.group_bytes)
+            self._report_stored(engine, request, start, end, result.chunks, dict(job.request_configs))
+            if result.bytes:
                 states = f", recurrent state at {list(request.state_ends)}" if self.plan.snapshot_groups else ""
                 logger.info("request %s: stored tokens [%d, %d) in LMCache, %d bytes written%s%s", request.req_id,
-                            start, end, binding.counters.bytes_stored - bytes_before, states,
-                            ", layer by layer" if gate is not None else "")
+                            start, end, result.bytes, states, ", layer by layer" if gate is not None else "")
 
-    def _store_kwargs(self, request: RequestMeta, gate: LayerGate | None) -> dict[str, Any]:
-        """What LMCache's store passes our GPU connector (``connector.request``), plus the key tags."""
-        kwargs: dict[str, Any] = {"block_ids": request.block_ids, "req_id": request.req_id,
-                                  "request_configs": with_tags(request.request_configs, self._key_tags)}
-        if gate is not None:
-            kwargs[LAYER_GATE] = gate
-        return kwargs
+    def _store_job_of(self, request: RequestMeta, mask: torch.Tensor, gate: LayerGate | None) -> StoreJob:
+        """The store of ``request``'s tokens ``mask`` marks, with every group's block ids and the key tags; a
+        chunk's recurrent state exists only at ``request.state_ends`` (``chunk_stores``)."""
+        return StoreJob(req_id=request.req_id, tokens=torch.tensor(request.token_ids[:len(mask)]),
+                        block_ids=request.block_ids, request_configs=with_tags(request.request_configs,
+                                                                               self._key_tags),
+                        mask=mask, gate=gate, state_ends=request.state_ends if self.plan.snapshot_groups else None)
 
     def _hear_removals(self, engine: LMCacheEngine) -> None:
         """For the KV events: from this worker's first save on, report what its engine's local tiers drop
@@ -198,20 +191,6 @@ class WorkerSide(WorkerLoads):
         while self._stored_prefixes:
             reports.append(self._stored_prefixes.popleft())
         return StoredPrefixes(reports) if reports else None
-
-    def _store(self, engine: LMCacheEngine, request: RequestMeta, mask: torch.Tensor, start: int, end: int,
-               kwargs: dict[str, Any]) -> None:
-        """A chunk's recurrent state exists only at ``request.state_ends``: stored in parts, the state part is
-        stored there only (``connector.parts``); stored whole, so is the whole chunk (a hit then reaches only as
-        far as every chunk kept its state)."""
-        tokens = request.token_ids[:end]
-        if not self.plan.snapshot_groups:
-            engine.store(tokens, mask=mask, offset=start, **kwargs)
-        elif getattr(engine.gpu_connector, "parts", ()):
-            engine.store(tokens, mask=mask, offset=start, state_ends=request.state_ends, **kwargs)
-        else:
-            store_chunks_ending_at(engine.store, tokens, mask, request.state_ends, self._lmcache_chunk_size,
-                                   **kwargs)
 
     def _log_skipped_save(self, req_id: str) -> None:
         """A skipped save costs a future cache miss only, so it is logged (once per sleep), not raised."""
