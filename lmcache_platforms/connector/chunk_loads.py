@@ -22,41 +22,30 @@ as its keyword arguments (``connector.request``); a corrupt object then fails th
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from lmcache_platforms.connector.binding import group_bytes
-from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.connector.parts import objects_per_part, part_configs, where_held
-from lmcache_platforms.connector.request import BLOCK_IDS, LAYER_GATE, LOAD_GUARD, WriteGuard
+from lmcache_platforms.connector.request import BLOCK_IDS, LAYER_GATE, LOAD_GUARD, ChunkJob, WriteGuard
 from lmcache_platforms.layout.parts import ChunkPart, needed_chunks
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
 
-@dataclass(frozen=True)
-class LoadJob:
-    """One request's load: ``mask`` marks the tokens of ``tokens`` to load (a prefix may be left out: vLLM
-    holds it); ``block_ids`` holds one block table per KV-cache group, from token 0, with 0 for the blocks vLLM
-    holds. ``vllm_cached_tokens`` is vLLM's own hit, which LMCache's GPU connectors read instead (through
-    LMCache's retrieve) to leave those rows alone."""
 
-    req_id: str
-    tokens: torch.Tensor
-    block_ids: Sequence[Any]
-    request_configs: Mapping[str, Any]
-    mask: torch.Tensor | None = None
-    gate: LayerGate | None = None
+@dataclass(frozen=True)
+class LoadJob(ChunkJob):
+    """One request's load (``ChunkJob``; the mask may leave out a prefix vLLM holds, whose block ids are 0),
+    inside ``guard``. ``vllm_cached_tokens`` is vLLM's own hit, which LMCache's GPU connectors read instead
+    (through LMCache's retrieve) to leave those rows alone."""
+
     guard: WriteGuard | None = None
     vllm_cached_tokens: int = 0
-
-    def wanted(self) -> torch.Tensor:
-        n = len(self.tokens)
-        return torch.ones(n, dtype=torch.bool) if self.mask is None else self.mask.to("cpu", torch.bool).clone()
 
 
 @dataclass

@@ -22,7 +22,7 @@ chunks in parts, ``instance_adapter`` makes the engine's ``store`` build a job f
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,32 +30,22 @@ import torch
 from lmcache.utils import CacheStoreEvent
 
 from lmcache_platforms.connector.binding import group_bytes
-from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.connector.parts import objects_per_part, part_configs
-from lmcache_platforms.connector.request import LAYER_GATE, required_block_ids
+from lmcache_platforms.connector.request import LAYER_GATE, ChunkJob, required_block_ids
 from lmcache_platforms.layout.parts import ChunkPart
 from lmcache_platforms.log import init_logger
 
 logger = init_logger(__name__)
 
+
 @dataclass(frozen=True)
-class StoreJob:
-    """One request's store: ``mask`` marks the tokens of ``tokens`` to store (a prefix may be left out: stored
-    before); ``block_ids`` holds one block table per KV-cache group, from token 0. With ``state_ends``, a part
-    carrying recurrent states (or, in whole chunks, any chunk) is stored only for the chunks ending there."""
+class StoreJob(ChunkJob):
+    """One request's store (``ChunkJob``; the mask may leave out a prefix stored before). With ``state_ends``,
+    a part carrying recurrent states (or, in whole chunks, any chunk) is stored only for the chunks ending
+    there."""
 
-    req_id: str
-    tokens: torch.Tensor
-    block_ids: Sequence[Any]
-    request_configs: Mapping[str, Any]
-    mask: torch.Tensor | None = None
-    gate: LayerGate | None = None
     state_ends: Sequence[int] | None = None
-
-    def wanted(self) -> torch.Tensor:
-        n = len(self.tokens)
-        return torch.ones(n, dtype=torch.bool) if self.mask is None else self.mask.to("cpu", torch.bool).clone()
 
 
 @dataclass

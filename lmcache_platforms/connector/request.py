@@ -22,16 +22,36 @@ slots are computed per chunk from ``block_ids``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout.kv_layout import KVLayout
 
 BLOCK_IDS = "block_ids"
 LOAD_GUARD = "load_guard"
 LAYER_GATE = "layer_gate"
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """What a store and a load of one request name (``chunk_stores``, ``chunk_loads``): ``mask`` marks the tokens
+    of ``tokens`` to move (a prefix may be left out); ``block_ids`` holds one block table per KV-cache group, from
+    token 0; ``request_configs`` key the chunks; with ``gate``, layer by layer."""
+
+    req_id: str
+    tokens: torch.Tensor
+    block_ids: Sequence[Any]
+    request_configs: Mapping[str, Any]
+    mask: torch.Tensor | None = None
+    gate: LayerGate | None = None
+
+    def wanted(self) -> torch.Tensor:
+        n = len(self.tokens)
+        return torch.ones(n, dtype=torch.bool) if self.mask is None else self.mask.to("cpu", torch.bool).clone()
 
 
 class WriteGuard(Protocol):

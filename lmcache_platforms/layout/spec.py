@@ -33,10 +33,6 @@ def parse_dtype(name: str, where: str = "dtype") -> torch.dtype:
     return dtype
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 @dataclass(frozen=True)
 class PlaneSpec:
     """One tensor of a layer: its group, shape and dim names in memory order, dtype, optional name."""
