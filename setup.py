@@ -54,6 +54,7 @@ setup(
         LMCACHE_PIN,
         "wrapt>=1.14",
         "packaging",
+        "psutil",
     ],
     extras_require={
         # import-linter pinned: `lint-imports` enforces the layer contracts in pyproject.toml (make test, make lint); mypy type-checks the package

@@ -41,6 +41,24 @@ def with_unrestorable_group(window: int = 64) -> KVCacheConfig:
                          kv_cache_tensors=[KVCacheTensor(size=1, layers=names, layer_stride=1, block_stride=1)])
 
 
+def test_a_cpu_buffer_beyond_the_memory_left_is_refused_before_lmcache_allocates_it(model_dir) -> None:
+    """LMCache allocates its CPU buffer once vLLM's KV cache took its share (on CPU, by default about 90 % of the
+    memory); one that cannot fit any more is refused at ``register_kv_caches``, naming both sizes, instead of
+    the worker being killed for memory."""
+    from types import SimpleNamespace
+
+    from lmcache_platforms.integration.vllm.lifecycle import refuse_cpu_tier_beyond
+
+    refuse_cpu_tier_beyond(SimpleNamespace(max_local_cpu_size=2.0), 2 * 2**30)  # fits exactly
+    with pytest.raises(MemoryError, match=r"\(max_local_cpu_size: 2.0 GiB\) does not fit in the 1.5 GiB of memory "
+                                          r"left after vLLM's KV cache: .*VLLM_CPU_KVCACHE_SPACE"):
+        refuse_cpu_tier_beyond(SimpleNamespace(max_local_cpu_size=2.0), 3 * 2**29)
+    health.forget()
+    with pytest.raises(MemoryError, match=r"max_local_cpu_size: 1000000(\.0)? GiB\) does not fit"):
+        start_stack(vllm_config(model_dir, "LMCachePlatformsConnector", **{"lmcache.max_local_cpu_size": 1000000}),
+                    gemma_like(64, num_blocks=64))
+
+
 def test_use_layerwise_is_accepted_and_a_bad_mode_refused_by_the_vllm_connector(model_dir) -> None:
     """In a subprocess: see tests/integration/vllm_refusals.py."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -164,7 +164,12 @@ def start_stack(vllm_config: Any, kv_cache_config: Any) -> Stack:
             Attention(2, HEAD, HEAD**-0.5, num_kv_heads=HEADS, cache_config=vllm_config.cache_config, prefix=name)
         worker = LMCachePlatformsConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
         caches = shared_buffer_caches(kv_cache_config.num_blocks, names)
-        worker.register_kv_caches(caches)
+        try:
+            worker.register_kv_caches(caches)
+        except BaseException:  # a stack that fails to start leaves nothing running
+            worker.shutdown()
+            destroy_distributed()
+            raise
         scheduler = LMCachePlatformsConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
     return Stack(vllm_config, kv_cache_config, caches, scheduler, worker)
 

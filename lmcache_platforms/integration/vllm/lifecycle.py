@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 
 from lmcache_platforms.connector.binding import LayoutBinding
@@ -40,6 +41,20 @@ class KVCacheMovedError(RuntimeError):
 
 
 Signature = tuple[tuple[int, tuple[int, ...], tuple[int, ...], str, str], ...]
+
+
+def refuse_cpu_tier_beyond(config: Any, available_bytes: int) -> None:
+    """LMCache allocates its CPU buffer (``max_local_cpu_size``; every tier stages through it) whole when the engine
+    finishes initialising, after vLLM allocated its KV cache. On CPU vLLM sizes that cache to about 90 % of the
+    machine's memory unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise, and a buffer that no longer fits has the
+    worker killed for memory with no word of why: refused here, naming both sizes. (LMCache sizes the buffer of
+    an MLA rank that stores alone itself, from the memory left.)"""
+    wanted = int(float(config.max_local_cpu_size) * 2**30)
+    if wanted > available_bytes:
+        raise MemoryError(
+            f"LMCache's CPU buffer (max_local_cpu_size: {config.max_local_cpu_size} GiB) does not fit in the "
+            f"{available_bytes / 2**30:.1f} GiB of memory left after vLLM's KV cache: lower max_local_cpu_size, "
+            "or give vLLM's KV cache less memory (on CPU: VLLM_CPU_KVCACHE_SPACE, in GiB)")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -114,6 +129,8 @@ class Lifecycle(ImplState):
             self._attach_layout(kv_caches)
         self.kv_caches = kv_caches
         self._kv_signatures = {name: kv_signature(value) for name, value in kv_caches.items()}
+        if self.lmcache_engine is not None and not self.lmcache_engine.save_only_first_rank:
+            refuse_cpu_tier_beyond(self.config, psutil.virtual_memory().available)
         self._manager.post_init()
         health.record(self.role_name, "post_init", self._manager)
 
