@@ -87,17 +87,13 @@ class TransferCounters:
 
     def count_groups(self, fmt: ChunkFormat, objects: int, stored: bool) -> None:
         """``objects`` objects of ``fmt`` moved: their bytes, group by group."""
-        counts = self.group_bytes_stored if stored else self.group_bytes_loaded
-        for group, nbytes in group_bytes(fmt, objects).items():
-            counts[group] = counts.get(group, 0) + nbytes
+        add_group_bytes(self.group_bytes_stored if stored else self.group_bytes_loaded, fmt, objects)
 
 
-def group_bytes(fmt: ChunkFormat, objects: int) -> dict[int, int]:
-    """The payload bytes of ``objects`` objects of ``fmt``, by vLLM KV-cache group index."""
-    shares: dict[int, int] = {}
+def add_group_bytes(totals: dict[int, int], fmt: ChunkFormat, objects: int) -> None:
+    """Add the payload bytes of ``objects`` objects of ``fmt`` to ``totals``, by vLLM KV-cache group index."""
     for launch in fmt.launches:
-        shares[launch.tg.group] = shares.get(launch.tg.group, 0) + objects * launch.nbytes
-    return shares
+        totals[launch.tg.group] = totals.get(launch.tg.group, 0) + objects * launch.nbytes
 
 
 class LayoutBinding:

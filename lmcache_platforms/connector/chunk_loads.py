@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.connector.binding import group_bytes
+from lmcache_platforms.connector.binding import add_group_bytes
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.connector.parts import objects_per_part, part_configs, where_held
 from lmcache_platforms.connector.request import BLOCK_IDS, LAYER_GATE, LOAD_GUARD, ChunkJob, WriteGuard
@@ -193,8 +193,7 @@ def _write(engine: Any, connector: LayoutGPUConnector, job: LoadJob, chunks: Seq
             fmt = connector.part_format(part)
             result.chunks += len(picked) if connector.counts_chunks(part) else 0
             result.bytes += len(picked) * fmt.nbytes
-            for group, nbytes in group_bytes(fmt, len(picked)).items():
-                result.group_bytes[group] = result.group_bytes.get(group, 0) + nbytes
+            add_group_bytes(result.group_bytes, fmt, len(picked))
 
     if job.guard is None:
         write()

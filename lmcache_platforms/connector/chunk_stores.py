@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from lmcache.utils import CacheStoreEvent
 
-from lmcache_platforms.connector.binding import group_bytes
+from lmcache_platforms.connector.binding import add_group_bytes
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.connector.parts import objects_per_part, part_configs
 from lmcache_platforms.connector.request import LAYER_GATE, ChunkJob, required_block_ids
@@ -77,17 +77,17 @@ def store(engine: Any, job: StoreJob) -> StoreResult:
     tokens = 0
     try:
         for part, chunks in _chunks(engine, connector.parts, job, wanted):
+            index = None if part is None else part.index
             stored = _store_part(engine, connector, job, part, chunks)
             if not stored:
                 break
-            fmt = connector.part_format(None if part is None else part.index)
-            counted = connector.counts_chunks(None if part is None else part.index)
+            fmt = connector.part_format(index)
+            counted = connector.counts_chunks(index)
             result.chunks += len(stored) if counted else 0
             tokens += sum(end - start for start, end, _ in stored) if counted else 0
             result.objects += [part] * len(stored)
             result.bytes += len(stored) * fmt.nbytes
-            for group, nbytes in group_bytes(fmt, len(stored)).items():
-                result.group_bytes[group] = result.group_bytes.get(group, 0) + nbytes
+            add_group_bytes(result.group_bytes, fmt, len(stored))
             if counted:
                 _report_lmcache_events(engine, job.tokens, stored)
     finally:
