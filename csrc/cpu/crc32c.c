@@ -651,11 +651,12 @@ uint32_t lmcp_crc32c_portable(const uint8_t *data, int64_t n) {
 /* Whether the crc32 instruction is used (1) or the table (0). */
 int lmcp_crc32c_hardware(void) { return have_hw(); }
 
-/* The width of the carry-less fold in use: 512 (AVX-512 with VPCLMULQDQ), 128 (PCLMULQDQ), or 0 (none). */
+/* The width of the carry-less fold in use: 512 (AVX-512 with VPCLMULQDQ), 256 (AVX2 with VPCLMULQDQ), 128
+   (PCLMULQDQ), or 0 (none). */
 int lmcp_crc32c_folding(void) {
     pthread_once(&table_once, build_tables);
     return fold_width();
 }
 
-/* Lets tests cap the fold's width (512, 128, 0) to compare paths; returns the previous cap. */
+/* Lets tests cap the fold's width (512, 256, 128, 0) to compare paths; returns the previous cap. */
 int lmcp_crc32c_allow_vectors(int widest) { return atomic_exchange(&vectors_allowed, widest); }

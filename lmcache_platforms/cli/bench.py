@@ -279,25 +279,26 @@ def _through_binding(layout, block_ids, chunks: int, backend: str, moved: int,
 
     fmt = paged_format(layout)
     binding = LayoutBinding(layout, [fmt], backend)
-    device_hashes = binding.hashes_on_device
+    device_hashes = binding.integrity.on_device
     hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(chunks)]
     starts = [c * layout.chunk_size for c in range(chunks)]
     slots = binding.chunk_slots(fmt, block_ids, starts, [start + layout.chunk_size for start in starts])
 
     def store(on_device: bool, sealed: bool) -> Callable[[], None]:
         def move() -> None:
-            binding.hashes_on_device = on_device
+            binding.integrity.on_device = on_device
+            stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=True) if sealed else None
             with binding.streams.storing():
-                stripes = binding.store_chunks(fmt, hosts, slots)
+                binding.store_chunks(fmt, hosts, slots, stripes=stripes)
             binding.streams.finish_store()
-            if sealed:
-                binding.seal(fmt, hosts, stripes)
+            if stripes is not None:
+                stripes.seal(hosts)
 
         return move
 
     def load(on_device: bool, checked: bool) -> Callable[[], None]:
         def move() -> None:
-            binding.hashes_on_device = on_device
+            binding.integrity.on_device = on_device
             if checked and (corrupt := binding.load_verified(fmt, hosts, slots)):
                 raise RuntimeError(f"bench: sealed objects {corrupt} failed their checksum")
             if not checked:

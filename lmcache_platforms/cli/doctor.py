@@ -117,6 +117,7 @@ def collect(started: float, deep: bool = True) -> dict[str, Any]:
     """Everything doctor reports but the settings and the hash seed, as one JSON-ready dict; ``deep``: after
     importing vLLM's connector factory, then every patch target (steps announced on stderr)."""
     import lmcache_platforms
+    from lmcache_platforms.connector import checksum
     from lmcache_platforms.connector.instance_changes import INSTANCE_CHANGES
     from lmcache_platforms.kernels.registry import describe_backends, preferred_backend
     from lmcache_platforms.patching.versions import installed_version
@@ -141,6 +142,7 @@ def collect(started: float, deep: bool = True) -> dict[str, Any]:
         "versions": versions,
         "platforms": [{**p, "default_kernel_backend": preferred_backend(str(p["name"]))} for p in describe_platforms()],
         "kernel_backends": describe_backends(),
+        "checksum_hashing": checksum.hashing(),
         "patches": [{"target": p["target"], "applied": p["applied"], "detail": f"{p['state']}: {p['detail']}"}
                     for p in state["patches"]],
         "instance_changes": [{"target": f"{change.target}.{method}", "when": change.when, "why": change.why}
@@ -192,6 +194,7 @@ def _print_text(report: dict[str, Any], verbose: bool) -> None:
                                             for p in usable) or "none"))
     print("kernel backends usable: " + (", ".join(b["name"] for b in report["kernel_backends"] if b["available"])
                                         or "none"))
+    print(f"chunk checksums: {report['checksum_hashing']}")
     if verbose:
         for kind, entries in (("platform", report["platforms"]), ("kernels", report["kernel_backends"])):
             for e in entries:

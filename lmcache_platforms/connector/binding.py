@@ -12,13 +12,12 @@ from typing import Any
 
 import torch
 
-from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.chunk_format import LAYOUT_TAG, ChunkFormat, Launch, layer_launches, layout_fingerprint
+from lmcache_platforms.connector.integrity import LayerChecks, LoadCheck, ObjectIntegrity, StoreStripes
 from lmcache_platforms.connector.streams import Scratch, TransferStreams, platform_for
 from lmcache_platforms.kernels.contract import Direction, KernelBackend, TransferError
 from lmcache_platforms.kernels.crc32c import ObjectCheck, ObjectStripes
-from lmcache_platforms.kernels.registry import device_hasher, select_backend
-from lmcache_platforms.kernels.stripe_hashing import DeviceStripeHasher
+from lmcache_platforms.kernels.registry import select_backend
 from lmcache_platforms.layout.kv_layout import KVLayout
 from lmcache_platforms.log import init_logger
 
@@ -111,13 +110,8 @@ class LayoutBinding:
         # where a test's fake runtime claims an accelerator for CPU tensors).
         staged = self.device.type != "cpu" or bool(platform.torch_module_name)
         self.scratch = {d: Scratch(self.device) for d in Direction} if staged else {}
-        self.device_hasher: DeviceStripeHasher | None = (
-            device_hasher(platform.name, self.device) if staged and checksum.stripes_are_crc32c() else None)
-        """What makes whole staged chunks' stripe CRCs on the device (the kernel registry's choice), or None: a
-        pass over host memory does."""
-        self.hashes_on_device = self.device_hasher is not None
-        """Whether the device hashes now: a switch over ``device_hasher`` (``bench`` turns it off to time the host's
-        pass beside the device's)."""
+        self.integrity = ObjectIntegrity(self.device, platform.name, staged)
+        """How this binding's objects are hashed and verified (``connector.integrity``)."""
         # Keyed by the identity of each launch's plane tuple (held by self.formats): hashing planes per call
         # would cost more than the lookup saves.
         self._backends: dict[int, KernelBackend] = {
@@ -187,139 +181,51 @@ class LayoutBinding:
             self._layer_launches[fmt.fingerprint] = cut
         return cut
 
-    @staticmethod
-    def seal(fmt: ChunkFormat, hosts: Sequence[torch.Tensor], stripes: torch.Tensor | None = None) -> None:
-        """Write each stored object's checksum trailer; call once their bytes are in host memory. ``stripes``:
-        their stripe CRCs as ``store_chunks`` returned them (computed on the device), if it did."""
-        checksum.seal(hosts, fmt.payload_bytes, stripes)
-
-    @staticmethod
-    def corrupt(fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[int]:
-        """Indices of the objects whose payload does not match their trailer; check before loading any."""
-        return checksum.mismatched(hosts, fmt.payload_bytes)
-
     def store_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     launches: Sequence[Launch] | None = None,
-                     hashing: Sequence[ObjectStripes] | None = None) -> torch.Tensor | None:
+                     launches: Sequence[Launch] | None = None, stripes: StoreStripes | None = None) -> None:
         """Planes -> every object of ``hosts`` (the MemoryObjs' bytes; ``slots`` from ``chunk_slots``); call
-        inside ``streams.storing()``. ``launches``: some of ``fmt``'s bytes only (one layer's, ``layer_launches``).
-        Staged through device scratch, each launch moves a scratch-full of chunks at once (see
-        ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object. Whole chunks staged on a GPU are
-        hashed there too, on a side stream while they cross: returns their stripe CRCs for ``seal`` (pinned host
-        memory, final once the store stream is finished); whole chunks stored straight into host objects get
-        them from the store kernels, which hash each byte as they copy it (``KernelBackend.store_hashed``); else
-        None. ``hashing`` (``layer_stripes``):
-        the objects' stripe states one layer's pieces add to, hashed as they are copied too."""
-        stripes = None
-        if launches is None and self.scratch:
-            stripes = self._stripes_on_device(fmt, len(hosts))
-        elif launches is None:
-            stripes = checksum.stripe_room(fmt.payload_bytes, len(hosts))
-        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches, stripes, hashing)
-        return stripes
-
-    def layer_stripes(self, fmt: ChunkFormat, objects: int) -> list[ObjectStripes] | None:
-        """For a layer-by-layer store into host objects: each object's stripe state, which every layer's
-        ``store_chunks(..., hashing=)`` adds to as its kernels copy (pieces join in any order); then
-        ``finish_stripes`` gives ``seal`` their CRCs. None when the chunks are staged on a device or the native
-        CRC-32C is missing, or the objects have no payload: ``seal`` then hashes the objects in a pass."""
-        if not self._hashes_in_copy(fmt):
-            return None
-        return checksum.object_stripes(fmt.payload_bytes, objects)
-
-    @staticmethod
-    def finish_stripes(fmt: ChunkFormat, hashing: Sequence[ObjectStripes]) -> torch.Tensor:
-        """The stripe CRCs of objects every layer of which was stored with ``hashing``, for ``seal``."""
-        stripes = checksum.stripe_room(fmt.payload_bytes, len(hashing))
-        assert stripes is not None, "layer_stripes made them, so the native CRC-32C is there"
-        for index, hashed in enumerate(hashing):
-            hashed.finish(stripes[index])
-        return stripes
+        inside ``streams.storing()``, then ``stripes.seal`` once the store stream is finished. ``launches``: some
+        of ``fmt``'s bytes only (one layer's, ``layer_launches``). ``stripes`` (``integrity.store_stripes``): what
+        the kernels hash into as they copy host objects, or (whole chunks) the room the device's CRCs are read back
+        into. Staged through device scratch, each launch moves a scratch-full of chunks at once (see
+        ``BATCH_SCRATCH_BYTES``), then each chunk's bytes cross to its object, hashed there on a side stream."""
+        self._move_chunks(fmt, hosts, slots, Direction.STORE, launches, stripes=stripes)
 
     def load_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                    launches: Sequence[Launch]) -> None:
-        """One layer's pieces (``layer_launches``) of every object of ``hosts`` -> planes, the objects checked
-        already (``corrupt``); call inside ``streams.loading()``. Staged through device scratch: each chunk's
-        piece crosses first, then each launch moves a scratch-full."""
-        self._move_chunks(fmt, hosts, slots, Direction.LOAD, launches, None)
+                    launches: Sequence[Launch], checks: LayerChecks | None = None) -> list[int]:
+        """One layer's pieces (``layer_launches``) of every object of ``hosts`` -> planes; call inside
+        ``streams.loading()``. With ``checks`` (``integrity.open_layers``) holding stripe checks, each piece writes
+        only rows whose stripes match the CRCs its object carries: [], or at the first mismatch the indices of the
+        corrupt objects (that one, and every other whose stripes do not all match; the load stops, earlier layers
+        stay written with verified bytes). Without, the objects were checked whole already. Staged through device
+        scratch: each chunk's piece crosses first, then each launch moves a scratch-full."""
+        if checks is None or checks.checks is None:
+            self._move_chunks(fmt, hosts, slots, Direction.LOAD, launches)
+            return []
+        self._check_usable()
+        for index, host in enumerate(hosts):
+            if not self._load_launches(launches, host, slots, index, checks.checks[index]):
+                return [index] + [other for other in checks.unmatched() if other != index]
+        return []
 
     def load_verified(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
                       slots: Mapping[int, torch.Tensor]) -> list[int]:
-        """Loads the objects of ``hosts`` whole and checks them; returns the indices of those whose bytes do not
-        match their checksum, before anything may read the rows: the caller then fails the load (LMCache's
-        retrieve reports no token), and vLLM recomputes over the rows, so no request is answered from them.
-        Host objects (the native library built) are hashed as they are copied (``_load_hashed``): one read of
-        each object; a corrupt one's rows are written before the verdict, then zeroed. An object whose stripe
-        table fails its trailer writes nothing. Staged on a GPU each run of objects is hashed there once it has
-        crossed, on a side stream while the next ones cross (``HASH_RUN_BYTES``), and each scratch-full's CRCs
-        are read back and compared with those its objects carry before its own launches (the device hashes far
-        faster than the bus moves, and a host pass in a vLLM worker runs on one thread): no byte of a corrupt
-        object is written. Otherwise (objects with no payload too: a layerwise step of layers that hold no row
-        of the chunk) every object is checked before the first launch. Runs on the load stream itself."""
-        stripes = self._stripes_on_device(fmt, len(hosts))
-        if stripes is None and self._hashes_in_copy(fmt):
-            return self._load_hashed(fmt, hosts, slots)
-        corrupt = [] if stripes is not None else self.corrupt(fmt, hosts)
+        """Loads the objects of ``hosts`` whole and checks them (``integrity.open_load``); returns the indices of
+        those whose bytes do not match their checksum, before anything may read the rows: the caller then fails
+        the load, and vLLM recomputes over the rows, so no request is answered from them. Hashed in the copy, a
+        corrupt object's rows are written before the verdict, then zeroed (``_scrub``); hashed on the device, each
+        scratch-full is compared before its own launches (the CRCs of each run of objects made on a side stream
+        while the next ones cross, ``HASH_RUN_BYTES``), so no byte of a corrupt object is written; otherwise every
+        object was checked before the first launch. Runs on the load stream itself."""
+        self._check_usable()
+        check = self.integrity.open_load(fmt.payload_bytes, hosts)
+        if check.corrupt:
+            return check.corrupt
+        with self.streams.loading():
+            corrupt = self._move_chunks(fmt, hosts, slots, Direction.LOAD, None, check=check)
         if not corrupt:
-            with self.streams.loading():
-                corrupt = self._move_chunks(fmt, hosts, slots, Direction.LOAD, None, stripes)
-        return corrupt
-
-    def object_checks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor]) -> list[ObjectCheck] | None:
-        """For a layer-by-layer load (``load_layer_checked``): each host object's stripe-by-stripe check, kept
-        across the layers. None when this binding cannot check as it loads (chunks staged on a device, or no
-        native CRC-32C) or an object's stripe table fails its trailer: then check them whole first (``corrupt``)."""
-        if not self._hashes_host_objects():
-            return None
-        checks = checksum.object_checks(hosts, fmt.payload_bytes)
-        return None if None in checks else [check for check in checks if check is not None]
-
-    def load_layer_checked(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                           launches: Sequence[Launch], checks: Sequence[ObjectCheck]) -> list[int]:
-        """One layer's pieces (``layer_launches``) of every host object -> planes, each writing only rows whose
-        stripes match the CRCs its object carries (``checks`` from ``object_checks``), so no pass over the
-        objects comes first. [], or at the first mismatch the indices of the corrupt objects: that one, and every
-        other whose stripes do not all match (the load stops; earlier layers stay written, with verified bytes).
-        After the last layer, ``unmatched`` says whether each object matched in the stripes no row needed too."""
-        self._check_usable()
-        for index, host in enumerate(hosts):
-            if not self._load_launches(launches, host, slots, index, checks[index]):
-                return [index] + [other for other in self.unmatched(fmt, checks) if other != index]
-        return []
-
-    @staticmethod
-    def unmatched(fmt: ChunkFormat, checks: Sequence[ObjectCheck]) -> list[int]:
-        """Indices of the objects whose stripes do not all match (hashing those not checked yet)."""
-        return [index for index, check in enumerate(checks) if not check.check(0, fmt.payload_bytes)]
-
-    def _hashes_host_objects(self) -> bool:
-        """Whether the kernels hash objects as they store them and check them stripe by stripe as they load them:
-        host objects (not staged on a device) and the native CRC-32C built."""
-        return not self.scratch and checksum.stripes_are_crc32c()
-
-    def _hashes_in_copy(self, fmt: ChunkFormat) -> bool:
-        """Whether whole objects of ``fmt`` are hashed by the kernels that copy them: host objects, the native
-        CRC-32C, and a payload to copy (objects without one are hashed in a pass, which has their one stripe)."""
-        return self._hashes_host_objects() and fmt.payload_bytes > 0
-
-    def _load_hashed(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor],
-                     slots: Mapping[int, torch.Tensor]) -> list[int]:
-        """Host objects loaded whole, each launch hashing the bytes it copies (``KernelBackend.load_hashed``),
-        then every object's stripes compared with the CRCs it carries: the indices of those that differ, whose
-        rows are then zeroed (``_scrub``). When an object's table fails its trailer nothing is written, and every
-        corrupt object is named (a pass over them all, only then)."""
-        self._check_usable()
-        size = fmt.payload_bytes
-        tables = checksum.carried_tables(hosts, size)
-        if tables is None:
-            return checksum.mismatched(hosts, size)
-        hashing = checksum.object_stripes(size, len(hosts))
-        for index, host in enumerate(hosts):
-            for launch in fmt.launches:
-                region = host[launch.offset : launch.offset + launch.nbytes]
-                self._hashed(launch, slots[launch.tg.group][index], region, hashing[index], Direction.LOAD)
-        corrupt = checksum.unverified(hashing, tables)
-        self._scrub(fmt, slots, corrupt)
+            corrupt = check.written_corrupt()
+            self._scrub(fmt, slots, corrupt)
         return corrupt
 
     def _scrub(self, fmt: ChunkFormat, slots: Mapping[int, torch.Tensor], corrupt: Sequence[int]) -> None:
@@ -347,39 +253,30 @@ class LayoutBinding:
                 return False
         return True
 
-    def _stripes_on_device(self, fmt: ChunkFormat, objects: int) -> torch.Tensor | None:
-        """Pinned room for the stripe CRCs of ``objects`` staged objects, when the device hashes them."""
-        if not self.hashes_on_device or self.device_hasher is None or not self.device_hasher.aligned(fmt.payload_bytes):
-            return None
-        stripes = -(-fmt.payload_bytes // checksum.STRIPE_BYTES)
-        return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
-
     def _move_chunks(self, fmt: ChunkFormat, hosts: Sequence[torch.Tensor], slots: Mapping[int, torch.Tensor],
-                     direction: Direction, launches: Sequence[Launch] | None, stripes: torch.Tensor | None,
-                     hashing: Sequence[ObjectStripes] | None = None) -> list[int]:
-        """Returns the corrupt objects' indices when a load checks ``stripes`` (before its scratch-full's
-        launches); stores fill them, or add to ``hashing`` (host objects)."""
+                     direction: Direction, launches: Sequence[Launch] | None, stripes: StoreStripes | None = None,
+                     check: LoadCheck | None = None) -> list[int]:
+        """Returns the corrupt objects' indices when a load hashed on the device finds them (before its
+        scratch-full's launches); the kernels feed the stripe states of ``stripes`` or ``check`` (host objects)."""
         self._check_usable()
         moved = fmt.launches if launches is None else tuple(launches)
+        states = stripes.states if stripes is not None else check.states if check is not None else None
         if not self.scratch:  # the objects are host memory: each chunk's kernels read or write its object itself
-            if hashing is None and stripes is not None:
-                hashing = checksum.object_stripes(fmt.payload_bytes, len(hosts))
             for index, host in enumerate(hosts):
-                hashed = hashing[index] if hashing is not None else None
                 for launch in moved:
                     region = host[launch.offset : launch.offset + launch.nbytes]
-                    if hashed is None:
+                    if states is None:
                         self._transfer(launch, slots[launch.tg.group][index], region, direction)
                     else:
-                        self._hashed(launch, slots[launch.tg.group][index], region, hashed, Direction.STORE)
-                if hashed is not None and stripes is not None:
-                    hashed.finish(stripes[index])
+                        self._hashed(launch, slots[launch.tg.group][index], region, states[index], direction)
             return []
         size = fmt.payload_bytes
         # Whole chunks cross in one copy each; one layer's pieces each in their own.
         spans = [(0, size)] if launches is None else [(piece.offset, piece.offset + piece.nbytes) for piece in moved]
         stream = self.streams.store_stream if direction is Direction.STORE else self.streams.load_stream
-        hasher = self.device_hasher  # with ``stripes`` (room for its CRCs), the device hashes these objects
+        hasher = self.integrity.device_hasher
+        # Room for the CRCs the device makes of whole chunks, where it hashes them.
+        room = (stripes.room if stripes is not None and launches is None else None) if check is None else check.room
         for first, count, scratch in self._batches(fmt, len(hosts), direction):
             pieces = [(scratch[i * size + start : i * size + end], hosts[first + i][start:end])
                       for i in range(count) for start, end in spans]
@@ -387,29 +284,29 @@ class LayoutBinding:
                 run = 0  # the first object not hashed yet
                 for index, (piece, host) in enumerate(pieces):
                     piece.copy_(host, non_blocking=True)
-                    if hasher is not None and stripes is not None and (
+                    if hasher is not None and room is not None and (
                             (index + 1 - run) * size >= HASH_RUN_BYTES or index + 1 == count):
                         with self.streams.beside(stream):  # hashed while the next objects cross
                             crcs = hasher.stripe_crcs(scratch[run * size :], index + 1 - run, size, size)
-                            stripes[first + run : first + index + 1].copy_(crcs, non_blocking=True)
+                            room[first + run : first + index + 1].copy_(crcs, non_blocking=True)
                         run = index + 1
-                if stripes is not None:  # load_verified: this scratch-full checked before its own writes
-                    carried = checksum.carried_stripes(hosts[first : first + count], size)
+                if check is not None and room is not None:  # this scratch-full checked before its own writes
+                    carried = check.carried(hosts[first : first + count])
                     self.streams.wait_side(stream)
-                    corrupt = checksum.differing(carried, stripes[first : first + count])
+                    corrupt = check.differing(carried, first)
                     if corrupt:
-                        return [first + index for index in corrupt]
+                        return corrupt
             for launch in moved:
                 rows = slots[launch.tg.group][first : first + count]
                 self._transfer_chunks(launch, rows, scratch[launch.offset :], size, direction)
             if direction is Direction.STORE:
-                if hasher is not None and stripes is not None:  # beside the copies to the host, which read it too
+                if hasher is not None and room is not None:  # beside the copies to the host, which read it too
                     with self.streams.beside(stream):
                         crcs = hasher.stripe_crcs(scratch, count, size, size)
-                        stripes[first : first + count].copy_(crcs, non_blocking=True)
+                        room[first : first + count].copy_(crcs, non_blocking=True)
                 for piece, host in pieces:
                     host.copy_(piece, non_blocking=True)
-                if stripes is not None:  # the next scratch-full's kernels overwrite what the hash reads
+                if room is not None:  # the next scratch-full's kernels overwrite what the hash reads
                     self.streams.rejoin(stream)
         return []
 

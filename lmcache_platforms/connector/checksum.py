@@ -1,30 +1,23 @@
-"""A checksum in every chunk object we store, so a same-size corruption in any tier is never loaded as KV.
+"""The checksum in every chunk object we store, so a same-size corruption in any tier is never loaded as KV: the
+object format and the functions that hash, seal and open objects. Which of them a binding uses, and when a load
+decides, is ``connector.integrity``'s choice.
 
 LMCache 0.5.6's objects carry none: a remote value overwritten with bytes of the right length used to load as
 a hit. Each object (a chunk, a chunk part, a layerwise step) follows its payload with the table of its 64 KiB
 stripes' CRC-32Cs (4 bytes each, little-endian) and an 8-byte trailer, the checksum and a 4-byte mark, inside
-the padding the chunk format has anyway (``chunk_format`` makes room with ``tail_bytes``). The store writes them
-once the rows are in host memory; a load takes the table only when its CRC matches the trailer, and fails before
-anything may read the rows when a stripe does not match it (``LayoutBinding.load_verified`` says when).
+the padding the chunk format has anyway (``chunk_format`` makes room with ``tail_bytes``). The checksum is the
+CRC-32C of the table. A load takes the table only when its CRC matches the trailer.
 
-The checksum is the CRC-32C of the table, the list of CRC-32Cs of the payload's 64 KiB stripes. A whole-chunk
-store into host objects gets the stripe CRCs from its kernels, which hash each byte as they copy it
-(``stripe_room``, ``object_stripes``, ``KernelBackend.store_hashed``; layer by layer too, the pieces joining in
-any order: ``LayoutBinding.layer_stripes``); a whole-chunk load from host objects hashes as it copies too
-(``KernelBackend.load_hashed``) and compares at the end (``carried_tables``, ``unverified``), and a load of one
-layer at a time checks each stripe against the table just before its rows are written (``object_checks``,
-``KernelBackend.load_checked``, ``LayoutBinding.load_layer_checked``): no second pass over the object either
-way. Otherwise (a store or load staged on a device that cannot hash) the
-native CPU library hashes the objects (``kernels.crc32c``: an AVX-512 carry-less fold, or the
-CRC-32C instruction of x86-64 or aarch64 on three stripes at once) on as many threads as the kernels use; for
-chunks the connector stages on a GPU a Triton kernel hashes them there (``kernels.triton_crc32c``, the same
-values), so only the short list of stripe CRCs crosses to the host. It was chosen by measurement
-(``lmcache-platforms bench --layout``; one thread on the CI machine: zlib's CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9,
-blake2b 0.9, the instruction about 20). Without the native library the stripes' CRC-32 (``zlib.crc32``, which
-releases the GIL too) stands in, under another format version: the two never read each other's objects. Either
-way a single flipped byte is always caught: its stripe's CRC changes, then the CRC over the stripe CRCs (a change
-within one 32-bit word). It is no defence against forged objects, which the key space does not protect against
-either.
+The stripe CRCs come from the kernels that copy the bytes (``object_stripes``: states they feed), from the
+device (``kernels.triton_crc32c``, the same values, so only the short list of stripe CRCs crosses to the host),
+or from a pass over host memory (``stripe_crcs``): the native CPU library (``kernels.crc32c``: a carry-less fold
+with AVX-512 or AVX2 and VPCLMULQDQ, or the CRC-32C instruction of x86-64 or aarch64 on three stripes at once)
+on as many threads as the kernels use. It was chosen by measurement (``lmcache-platforms bench --layout``; one
+thread on the CI machine: zlib's CRC-32 4.3 GB/s, adler32 3.6, sha1 1.9, blake2b 0.9, the instruction about
+20). Without the native library the stripes' CRC-32 (``zlib.crc32``, which releases the GIL too) stands in, under
+another format version: the two never read each other's objects. Either way a single flipped byte is always
+caught: its stripe's CRC changes, then the CRC over the stripe CRCs (a change within one 32-bit word). It is no
+defence against forged objects, which the key space does not protect against either.
 """
 
 from __future__ import annotations
@@ -63,6 +56,17 @@ class ChecksumMismatch(TransferError):
 def stripes_are_crc32c() -> bool:
     """Whether stripes are hashed with CRC-32C (the native library is built), which the GPU kernel computes too."""
     return native() is not None
+
+
+def hashing() -> str:
+    """How this process hashes stripes on the host (``doctor`` says it: it decides what a checksum costs)."""
+    lib = native()
+    if lib is None:
+        return ("zlib's CRC-32: the native library is not built, so checksums are slower and objects are not "
+                "shared with servers that have it")
+    way = (f"a {lib.folding}-bit carry-less fold" if lib.folding else
+           "the CRC-32C instruction" if lib.hardware else "a table")
+    return f"CRC-32C in native code, {way}"
 
 
 def format_version() -> str:

@@ -82,11 +82,12 @@ class LayerwiseLayoutGPUConnector(BoundLayoutMixin, VLLMPagedMemLayerwiseGPUConn
             check_chunk(binding.layout, start, end)
         for step, fmt in enumerate(self.formats):
             hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs[step], starts, ends, strict=True)]
+            stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=True)
             with binding.streams.storing():
-                stripes = binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends))
+                binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, block_ids, starts, ends), stripes=stripes)
             yield
             binding.streams.finish_store()
-            binding.seal(fmt, hosts, stripes)
+            stripes.seal(hosts)
             binding.counters.count_groups(fmt, len(hosts), stored=True)
         binding.counters.chunks_stored += len(starts)
         yield

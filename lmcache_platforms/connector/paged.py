@@ -112,21 +112,18 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
             check_chunk(binding.layout, start, end)
         hosts = [memory_obj_bytes(m, fmt, s, e) for m, s, e in zip(memory_objs, starts, ends, strict=True)]
         slots = binding.chunk_slots(fmt, ids, starts, ends)
-        stripes = None
+        stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=gate is None)
         with binding.streams.storing():
             if gate is None:
-                stripes = binding.store_chunks(fmt, hosts, slots)
+                binding.store_chunks(fmt, hosts, slots, stripes=stripes)
             else:
                 cut = dict(binding.layer_launches(fmt))
-                hashing = binding.layer_stripes(fmt, len(hosts))
                 for layer, event in gate.as_marked(list(cut)):
                     binding.streams.store_after(event)
-                    binding.store_chunks(fmt, hosts, slots, cut[layer], hashing)
+                    binding.store_chunks(fmt, hosts, slots, cut[layer], stripes)
                     binding.counters.layers_stored += 1
-                if hashing is not None:
-                    stripes = binding.finish_stripes(fmt, hashing)
         binding.streams.finish_store()
-        binding.seal(fmt, hosts, stripes)
+        stripes.seal(hosts)
         binding.counters.chunks_stored += len(hosts) if self.counts_chunks(part) else 0
         binding.counters.bytes_stored += len(hosts) * fmt.nbytes
         binding.counters.count_groups(fmt, len(hosts), stored=True)
@@ -175,20 +172,17 @@ class LayoutGPUConnector(BoundLayoutMixin, GPUConnectorInterface):
 def load_by_layer(binding: LayoutBinding, fmt: ChunkFormat, hosts: list[torch.Tensor],
                   slots: Mapping[int, torch.Tensor], gate: LayerGate) -> list[int]:
     """Every object's pieces layer by layer, marking each layer in ``gate`` once written; the indices of corrupt
-    objects, or []. Host objects are checked stripe by stripe as each layer is written (``load_layer_checked``),
+    objects, or []. Host objects are checked stripe by stripe as each layer is written (``integrity.open_layers``),
     so a mismatch can stop the load after earlier layers were marked: those hold verified bytes, and the failed
     load's blocks are recomputed. Otherwise every object is checked before the first layer."""
-    checks = binding.object_checks(fmt, hosts)
-    corrupt = binding.corrupt(fmt, hosts) if checks is None else []
-    if corrupt:
-        return corrupt
+    checks = binding.integrity.open_layers(fmt.payload_bytes, hosts)
+    if checks.corrupt:
+        return checks.corrupt
     with binding.streams.loading():
         gate.begin_pass()
         for layer, launches in binding.layer_launches(fmt):
-            if checks is None:
-                binding.load_chunks(fmt, hosts, slots, launches)
-            elif corrupt := binding.load_layer_checked(fmt, hosts, slots, launches, checks):
+            if corrupt := binding.load_chunks(fmt, hosts, slots, launches, checks):
                 return corrupt
             gate.mark(layer, binding.streams.load_event())
             binding.counters.layers_loaded += 1
-    return [] if checks is None else binding.unmatched(fmt, checks)
+    return checks.unmatched()

@@ -9,6 +9,7 @@ import subprocess
 import lmcache_platforms
 from lmcache_platforms.cli import doctor
 from lmcache_platforms.config import SETTINGS
+from lmcache_platforms.connector import checksum
 from tests.fork_server import run_module
 
 VERSION_KEYS = {"python", "torch", "lmcache", "vllm", "vllm_ascend", "torch_npu", "ipex", "triton"}
@@ -45,6 +46,9 @@ def test_json_report_has_the_documented_keys():
     backends = {b["name"]: b for b in report["kernel_backends"]}
     assert backends["torch"]["available"] is True
     assert all(set(b) == {"name", "available", "reason"} for b in report["kernel_backends"])
+    # The native library is built by `make setup`: the checksum is the CRC-32C, the way this CPU runs it named.
+    assert report["checksum_hashing"] == checksum.hashing()
+    assert report["checksum_hashing"].startswith("CRC-32C in native code, a ")
     applied = {p["target"]: p["applied"] for p in report["patches"]}
     assert applied["lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl"] is True
     assert "lmcache.v1.gpu_connector:CreateGPUConnector" not in applied  # our service factory gives our connector

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lmcache_platforms.connector import binding as binding_module
+from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.layout.files import load_layout_spec
@@ -34,13 +35,15 @@ def _store_and_load(layout_name: str, mode: str, plant_fault: bool, by_layer: bo
     starts, ends = zip(*bounds, strict=True)
     hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8, pin_memory=True) for _ in bounds]
     steps = [launches for _, launches in binding.layer_launches(fmt)] if by_layer else [None]
+    stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=not by_layer)
     with binding.streams.storing():
         slots = binding.chunk_slots(fmt, request.store_ids, starts, ends)
-        stripes = [binding.store_chunks(fmt, hosts, slots, launches) for launches in steps]
+        for launches in steps:
+            binding.store_chunks(fmt, hosts, slots, launches, stripes)
     binding.streams.finish_store()
-    assert (stripes[0] is not None) == (binding.hashes_on_device and not by_layer)
-    binding.seal(fmt, hosts, stripes[0])
-    assert binding.corrupt(fmt, hosts) == [], "the device's stripe CRCs are the host's"
+    assert (stripes.room is not None) == (binding.integrity.on_device and not by_layer)
+    stripes.seal(hosts)
+    assert checksum.mismatched(hosts, fmt.payload_bytes) == [], "the device's stripe CRCs are the host's"
     stored = roundtrip.snapshot(layout, request)
     if plant_fault:
         hosts[fault_chunk][fmt.payload_bytes // 2] ^= 0xFF

@@ -178,25 +178,27 @@ def bound_request(spec, mode: str, backend: str, rng) -> tuple[ChunkFormat, Layo
 @given(layout_specs(every_group=True, min_chunks=1), st.sampled_from(["bundled", "exploded"]),
        st.sampled_from(["cpu", "torch"]), st.randoms(use_true_random=False))
 def test_a_whole_chunk_store_hashes_what_it_writes(spec, mode, backend, rng) -> None:
-    """Into host objects, a whole-chunk store returns the stripe CRCs of the bytes it wrote (the cpu backend
-    hashing inside its copy loops, `torch` right after its copy), and `seal` writes from them the trailer a
+    """Into host objects, a whole-chunk store hashes the bytes it writes into one stripe state per object (the
+    cpu backend inside its copy loops, `torch` right after its copy), and `seal` writes from them the trailer a
     pass over the finished objects writes. Negative control: a byte changed between the store and the seal is
     not in those stripes, so that object fails its check."""
     fmt, binding, bounds, slots = bound_request(spec, mode, backend, rng)
     hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
-    stripes = binding.store_chunks(fmt, hosts, slots)
-    assert stripes is not None and stripes.shape == (len(hosts), -(-fmt.payload_bytes // checksum.STRIPE_BYTES))
+    stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=True)
+    binding.store_chunks(fmt, hosts, slots, stripes=stripes)
+    assert stripes.states is not None and len(stripes.states) == len(hosts) and stripes.room is None
     passed = [host.clone() for host in hosts]
-    binding.seal(fmt, hosts, stripes)
+    stripes.seal(hosts)
     checksum.seal(passed, fmt.payload_bytes)
     assert all(torch.equal(a, b) for a, b in zip(hosts, passed, strict=True))
-    assert binding.corrupt(fmt, hosts) == []
+    assert checksum.mismatched(hosts, fmt.payload_bytes) == []
 
     changed = rng.randrange(len(hosts))
-    stripes = binding.store_chunks(fmt, hosts, slots)
+    stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=True)
+    binding.store_chunks(fmt, hosts, slots, stripes=stripes)
     hosts[changed][rng.randrange(fmt.payload_bytes)] ^= 0x10
-    binding.seal(fmt, hosts, stripes)
-    assert binding.corrupt(fmt, hosts) == [changed]
+    stripes.seal(hosts)
+    assert checksum.mismatched(hosts, fmt.payload_bytes) == [changed]
 
 
 def test_an_unsealed_object_is_not_intact() -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.binding import LayoutBinding
 from lmcache_platforms.connector.chunk_format import layer_launches, paged_format
+from lmcache_platforms.connector.integrity import StoreStripes
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.paged import load_by_layer
 from lmcache_platforms.kernels.contract import TransferError
@@ -72,11 +73,12 @@ def test_moving_layer_by_layer_in_any_order_moves_the_paged_bytes(spec, mode, rn
     store_slots = binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True))
     load_slots = binding.chunk_slots(fmt, request.load_ids, *zip(*bounds, strict=True))
     whole = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
-    binding.seal(fmt, whole, binding.store_chunks(fmt, whole, store_slots))
+    binding.store_chunks(fmt, whole, store_slots)
+    checksum.seal(whole, fmt.payload_bytes)
     by_layer = [torch.zeros_like(host) for host in whole]
     for _, launches in cut:
         binding.store_chunks(fmt, by_layer, store_slots, launches)
-    binding.seal(fmt, by_layer)
+    checksum.seal(by_layer, fmt.payload_bytes)
     assert all(torch.equal(a, b) for a, b in zip(by_layer, whole, strict=True))
 
     roundtrip.zero_planes(layout)
@@ -150,8 +152,10 @@ def _stored(layout, seed: int):
     request = roundtrip.make_request(layout, layout.chunk_size * 3, seed=seed)
     bounds = request.chunks(layout.chunk_size, request.stored_tokens)
     hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
-    binding.seal(fmt, hosts, binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, request.store_ids,
-                                                                                  *zip(*bounds, strict=True))))
+    stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=True)
+    binding.store_chunks(fmt, hosts, binding.chunk_slots(fmt, request.store_ids, *zip(*bounds, strict=True)),
+                         stripes=stripes)
+    stripes.seal(hosts)
     return binding, fmt, hosts, binding.chunk_slots(fmt, request.load_ids, *zip(*bounds, strict=True))
 
 
@@ -222,7 +226,7 @@ def test_a_mismatch_in_the_last_layer_stops_the_load_after_the_layers_before_it(
     assert _layer_rows_intact(layout, before, intact)
     assert_only_checked_rows(layout, intact)
 
-    binding.object_checks = lambda fmt, hosts: None  # type: ignore[method-assign]
+    binding.integrity.in_copy = False
     roundtrip.zero_planes(layout)
     gate = LayerGate(binding.moved_layers)
     assert load_by_layer(binding, fmt, hosts, slots, gate) == [1]
@@ -234,29 +238,29 @@ def test_a_mismatch_in_the_last_layer_stops_the_load_after_the_layers_before_it(
 @given(layout_specs(every_group=True, min_chunks=1), st.sampled_from(["bundled", "exploded"]),
        st.sampled_from(["cpu", "torch"]), st.randoms(use_true_random=False))
 def test_a_layer_by_layer_store_hashes_its_pieces_in_any_order(spec, mode, backend, rng) -> None:
-    """Stored a layer at a time in any order, each piece hashed as its kernels copy it (``layer_stripes``):
-    the stripes of a pass over the finished objects, so ``seal`` writes the same trailer. Negative control: a
-    byte changed between the store and the seal is not in them, so that object fails its check."""
+    """Stored a layer at a time in any order, each piece hashed as its kernels copy it (``store_stripes`` of
+    pieces): the stripes of a pass over the finished objects, so ``seal`` writes the same trailer. Negative
+    control: a byte changed between the store and the seal is not in them, so that object fails its check."""
     fmt, binding, bounds, slots = bound_request(spec, mode, backend, rng)
     cut = list(binding.layer_launches(fmt))
 
-    def stored() -> tuple[list[torch.Tensor], torch.Tensor]:
+    def stored() -> tuple[list[torch.Tensor], StoreStripes]:
         hosts = [torch.zeros(fmt.nbytes, dtype=torch.uint8) for _ in bounds]
-        hashing = binding.layer_stripes(fmt, len(hosts))
-        assert hashing is not None
+        stripes = binding.integrity.store_stripes(fmt.payload_bytes, len(hosts), whole=False)
+        assert stripes.states is not None
         for _, launches in rng.sample(cut, len(cut)):
-            binding.store_chunks(fmt, hosts, slots, launches, hashing)
-        return hosts, binding.finish_stripes(fmt, hashing)
+            binding.store_chunks(fmt, hosts, slots, launches, stripes)
+        return hosts, stripes
 
     hosts, stripes = stored()
     passed = [host.clone() for host in hosts]
-    binding.seal(fmt, hosts, stripes)
+    stripes.seal(hosts)
     checksum.seal(passed, fmt.payload_bytes)
     assert all(torch.equal(a, b) for a, b in zip(hosts, passed, strict=True))
-    assert binding.corrupt(fmt, hosts) == []
+    assert checksum.mismatched(hosts, fmt.payload_bytes) == []
 
     hosts, stripes = stored()
     changed = rng.randrange(len(hosts))
     hosts[changed][rng.randrange(fmt.payload_bytes)] ^= 0x10
-    binding.seal(fmt, hosts, stripes)
-    assert binding.corrupt(fmt, hosts) == [changed]
+    stripes.seal(hosts)
+    assert checksum.mismatched(hosts, fmt.payload_bytes) == [changed]

@@ -25,28 +25,19 @@ PROMPT = [(i * 37) % 2000 + 1 for i in range(300)]
 
 def plant_zero_first_layer() -> None:
     """Layerwise loads write zeros in place of the first layer's rows (a fault the identity oracle must catch),
-    unchecked, whether the layers are checked as they load (``load_layer_checked``) or the objects first."""
+    unchecked, whether the layers are checked as they load (stripe checks) or the objects first."""
     import torch
 
     from lmcache_platforms.connector.binding import LayoutBinding
 
-    load, checked = LayoutBinding.load_chunks, LayoutBinding.load_layer_checked
+    load = LayoutBinding.load_chunks
 
-    def first(self, launches) -> bool:  # type: ignore[no-untyped-def]
-        return launches is not None and launches[0].planes[0].layer == self.layout.model_layers[0]
-
-    def zeroing(self, fmt, hosts, slots, launches=None):  # type: ignore[no-untyped-def]
-        load(self, fmt, [torch.zeros_like(host) for host in hosts] if first(self, launches) else hosts, slots,
-             launches)
-
-    def zeroing_checked(self, fmt, hosts, slots, launches, checks):  # type: ignore[no-untyped-def]
-        if first(self, launches):
-            load(self, fmt, [torch.zeros_like(host) for host in hosts], slots, launches)
-            return []
-        return checked(self, fmt, hosts, slots, launches, checks)
+    def zeroing(self, fmt, hosts, slots, launches, checks=None):  # type: ignore[no-untyped-def]
+        if launches and launches[0].planes[0].layer == self.layout.model_layers[0]:
+            return load(self, fmt, [torch.zeros_like(host) for host in hosts], slots, launches)
+        return load(self, fmt, hosts, slots, launches, checks)
 
     LayoutBinding.load_chunks = zeroing  # type: ignore[method-assign]
-    LayoutBinding.load_layer_checked = zeroing_checked  # type: ignore[method-assign]
 
 
 def main(model: str, options: dict[str, Any]) -> None:

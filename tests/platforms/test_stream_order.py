@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from lmcache_platforms.connector import binding as binding_module
+from lmcache_platforms.connector import checksum
 from lmcache_platforms.connector.chunk_format import paged_format
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.kernels.contract import Direction
@@ -298,7 +299,7 @@ def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing
     request = roundtrip.make_request(layout, 128, seed=2)
     with staged_engine(layout, "torch") as engine:
         binding = engine.connector.binding
-        assert binding.hashes_on_device
+        assert binding.integrity.on_device
         store, load = engine.connector.store_stream.name, engine.connector.load_stream.name
         store_side = binding.streams.side(engine.connector.store_stream).name
         load_side = binding.streams.side(engine.connector.load_stream).name
@@ -311,7 +312,8 @@ def test_staged_chunks_are_hashed_on_the_device_and_a_load_checks_before_writing
         hot = engine.engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache
         fmt = engine.connector.fmt
         objects = [obj.tensor.reshape(-1).view(torch.uint8) for obj in hot.values()]
-        assert len(objects) == 2 and binding.corrupt(fmt, objects) == [], "sealed as the host hashes them"
+        assert len(objects) == 2
+        assert checksum.mismatched(objects, fmt.payload_bytes) == [], "sealed as the host hashes them"
         objects[1][fmt.payload_bytes // 3] ^= 0x5A
         roundtrip.zero_planes(layout)
         runtime.log.clear()
@@ -388,7 +390,7 @@ def test_a_device_whose_hashes_disagree_leaves_them_to_the_host(xpu_with_triton,
         binding = binding_module.LayoutBinding(layout, [paged_format(layout)], "torch")
     finally:
         logger.removeHandler(caplog.handler)
-    assert not binding.hashes_on_device
+    assert not binding.integrity.on_device
     why = ("RuntimeError: no kernel image for this device" if fault == "kernel error" else
            "the native CRC-32C gives")
     (warning,) = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
