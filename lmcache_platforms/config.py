@@ -84,7 +84,7 @@ SETTINGS: tuple[Setting, ...] = (
             "one LMCache object per part (full attention; each window; snapshots) under part-tagged keys, and a "
             "load reads a window part only for the chunks its window needs (the demo model's warm load: 2.7x fewer "
             "bytes, same stored bytes); a hit still needs every part it reads. `whole`: one object per chunk (also "
-            "used, with a log line saying why, when LMCache's `enable_async_loading` is on or a remote store keeps "
+            "used, with a log line saying why, when a remote store keeps "
             "no per-object metadata, e.g. `save_chunk_meta: false`). Changing it changes the keys: chunks stored "
             "under the other setting miss"),
     Setting("platforms.chunk_rows", "LMCACHE_PLATFORMS_CHUNK_ROWS", "blocks",

@@ -64,6 +64,12 @@ PATCH_FILES = (
     PatchFile("0007-dp-rank-device-table", "a data-parallel rank with its own device table gets that table's device",
               ("lmcache.integration.vllm.utils:_vllm_local_device_index",),
               {"lmcache.integration.vllm.utils:_vllm_local_device_index": "_vllm_dp_offset_device_index"}),
+    PatchFile("0008-async-lookup-close", "closing the asynchronous lookup client and server wakes their threads first",
+              tuple(f"lmcache.v1.lookup_client.lmcache_async_lookup_client:LMCacheAsyncLookup{side}.{method}"
+                    for side in ("Client", "Server") for method in ("__init__", "close")),
+              {f"lmcache.v1.lookup_client.lmcache_async_lookup_client:LMCacheAsyncLookup{side}.{method}": name
+               for side in ("Client", "Server")
+               for method, name in (("__init__", "_init_unrecorded"), ("close", "_close_unwoken"))}),
 )
 
 LEFT_OUT: tuple[tuple[tuple[str, ...], str], ...] = (

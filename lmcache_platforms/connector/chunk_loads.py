@@ -14,9 +14,10 @@ state set around a call, or counters read before and after. The load:
    every tier (the next lookup misses instead of failing again) and the load reports no token, so vLLM
    recomputes over the rows.
 
-LMCache's own ``retrieve`` still serves the modes where its engine brings the objects itself (its asynchronous
-loading, which prefetches at lookup; an MLA rank that receives them by broadcast; a PD receiver), with the job
-as its keyword arguments (``connector.request``); a corrupt object then fails the load through the guard.
+LMCache's own ``retrieve`` still serves the modes where its engine brings the objects itself (an MLA rank that
+receives them by broadcast; a PD receiver), with the job as its keyword arguments (``connector.request``); a
+corrupt object then fails the load through the guard. LMCache's asynchronous loading is refused at start-up
+(``engine_impl.refuse_lmcache_async_loading``).
 """
 
 from __future__ import annotations
@@ -111,9 +112,8 @@ def load(engine: Any, job: LoadJob) -> LoadResult:
 
 
 def engine_brings_objects(engine: Any) -> bool:
-    """LMCache's engine fetches the objects itself: asynchronous loading (prefetched at lookup), an MLA rank's
-    broadcast, a PD receiver's buffer."""
-    return bool(engine.async_loading or engine.save_only_first_rank or engine.remove_after_retrieve)
+    """LMCache's engine fetches the objects itself: an MLA rank's broadcast, a PD receiver's buffer."""
+    return bool(engine.save_only_first_rank or engine.remove_after_retrieve)
 
 
 def _chunks(engine: Any, parts: Sequence[ChunkPart], job: LoadJob, wanted: torch.Tensor) -> list[_Chunk]:

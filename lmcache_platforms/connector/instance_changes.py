@@ -8,7 +8,7 @@ from dataclasses import dataclass
 ENGINE = "lmcache.v1.cache_engine:LMCacheEngine"
 METADATA = "lmcache.v1.metadata:LMCacheMetadata"
 METADATA_METHODS = ("get_shapes", "get_dtypes", "get_num_groups")
-TAGGED_METHODS = ("lookup", "async_lookup_and_prefetch")
+TAGGED_METHODS = ("lookup",)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     *(UpstreamName("lmcache.v1.metadata:LMCacheMetadata", name, "connector/instance_adapter.py")
       for name in ("get_shapes", "get_dtypes", "get_num_groups")),
     *(UpstreamName("lmcache.v1.cache_engine:LMCacheEngine", name, "connector/instance_adapter.py")
-      for name in ("store", "retrieve", "lookup", "async_lookup_and_prefetch")),
+      for name in ("store", "lookup")),
     # The standard library's private hooks.
     UpstreamName("threading", "_register_atexit", "integration/vllm/exit_shutdown.py"),
     UpstreamName("importlib._bootstrap", "_initializing", "patching/registry.py", instance=True),

@@ -180,6 +180,15 @@ PATCHES: tuple[Patch, ...] = (
         why="a batch of writes (how both Redis connectors write) never entered put_tasks, so nothing waited for "
             "it: an engine closed right after a store lost those chunks",
     ),
+    *(Patch(
+        target=f"lmcache.v1.lookup_client.lmcache_async_lookup_client:LMCacheAsyncLookup{side}.{method}",
+        replacement=f"lmcache_platforms.upstream_fixes.async_lookup_close:wrap_{side.lower()}_{method.strip('_')}",
+        versions=LMCACHE,
+        wrapper=True,
+        why="LMCache's async loading (enable_async_loading): close() closes the PULL socket under the thread "
+            "blocked in recv() on it, and libzmq aborts the vLLM process at every shutdown; the thread is woken "
+            "first (its socket's address recorded at __init__)",
+    ) for side in ("Client", "Server") for method in ("__init__", "close")),
     Patch(
         target="lmcache.integration.vllm.utils:_vllm_local_device_index",
         replacement="lmcache_platforms.integration.vllm.dp_device:wrap_local_device_index",

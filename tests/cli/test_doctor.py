@@ -58,8 +58,7 @@ def test_json_report_has_the_documented_keys():
     engine = "lmcache.v1.cache_engine:LMCacheEngine."
     assert [c["target"] for c in report["instance_changes"]] == [
         *(f"lmcache.v1.metadata:LMCacheMetadata.{m}" for m in ("get_shapes", "get_dtypes", "get_num_groups")),
-        engine + "store", engine + "lookup", engine + "lookup",
-        engine + "async_lookup_and_prefetch"]
+        engine + "store", engine + "lookup", engine + "lookup"]
     assert all(set(c) == {"target", "when", "why"} and c["when"] and c["why"] for c in report["instance_changes"])
     assert list(report["settings"]) == [s.key for s in SETTINGS]
     assert all(entry["source"] == "default" for entry in report["settings"].values())
@@ -119,7 +118,7 @@ def test_each_setting_shows_its_value_and_source(tmp_path):
     # fixed seed.
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"lmcache_platforms {lmcache_platforms.__version__} (python ")
-    assert "patches: 1 not applicable, 22 pending (each applies when its module is imported; --deep imports them " \
+    assert "patches: 1 not applicable, 26 pending (each applies when its module is imported; --deep imports them " \
            "here)" in lines
     assert not [line for line in lines if line.startswith("  pending: ")]
     assert ("vLLM connectors: waiting for vLLM (registered when vLLM imports its connector factory; --deep imports "

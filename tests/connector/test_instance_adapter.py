@@ -16,7 +16,7 @@ from lmcache_platforms.tools.engine import LayoutEngine, StorageOptions, cache_s
 from lmcache_platforms.tools.fixtures import materialize
 
 CHUNKS = 3
-ADAPTED = ("store", "lookup", "async_lookup_and_prefetch")
+ADAPTED = ("store", "lookup")
 
 
 def _depth(engine: Any, name: str) -> int:
@@ -45,15 +45,15 @@ def gemma3() -> Iterator[tuple[LayoutEngine, roundtrip.Request]]:
 def test_every_call_rebuilds_the_chain_from_the_instance_methods(gemma3) -> None:
     engine, _ = gemma3
     lmcache = engine.engine
-    assert _depths(lmcache) == {"store": 0, "lookup": 0, "async_lookup_and_prefetch": 0}
+    assert _depths(lmcache) == {"store": 0, "lookup": 0}
     assert lmcache.retrieve == type(lmcache).retrieve.__get__(lmcache)  # loads go through connector.chunk_loads
     parts, chunk = engine.connector.parts, engine.layout.chunk_size
-    adapted = {"store": 1, "lookup": 2, "async_lookup_and_prefetch": 1}
+    adapted = {"store": 1, "lookup": 2}
     for _ in range(2):
         adapt_engine(lmcache, parts, chunk, {"lmcache.tag.t": "a"})
         assert _depths(lmcache) == adapted
     adapt_engine(lmcache)
-    assert _depths(lmcache) == {"store": 0, "lookup": 0, "async_lookup_and_prefetch": 0}
+    assert _depths(lmcache) == {"store": 0, "lookup": 0}
 
 
 def test_the_last_calls_tags_are_the_ones_lookups_carry(gemma3) -> None:

@@ -122,7 +122,9 @@ def _finish(proc: GroupLeader, folder: Path, name: str) -> dict[str, Any] | str:
 def _first_difference(ref: dict[str, Any], got: dict[str, Any]) -> str | None:
     """Where two answers part: their greedy tokens, else their top logprobs (bit for bit)."""
     if ref["tokens"] != got["tokens"]:
-        step = next(i for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b)
+        step = next((i for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b), None)
+        if step is None:
+            return f"{len(got['tokens'])} tokens answered, the reference {len(ref['tokens'])}"
         return f"token {step} differs"
     if ref["logprobs"] != got["logprobs"]:
         step = next(i for i, (a, b) in enumerate(zip(ref["logprobs"], got["logprobs"], strict=True)) if a != b)
@@ -143,6 +145,8 @@ def _drift(ref: dict[str, Any], got: dict[str, Any], bound: float) -> tuple[floa
     different tokens where the reference's choice was no tie within the difference that step shows (later steps
     compound the first's rounding, so their bound is what they drifted)."""
     first = 0.0
+    if len(got["tokens"]) != len(ref["tokens"]):
+        return first, f"{len(got['tokens'])} tokens answered, the reference {len(ref['tokens'])}"
     for step, (want, have, a, b) in enumerate(zip(ref["tokens"], got["tokens"], ref["logprobs"], got["logprobs"],
                                                   strict=True)):
         theirs, ours = dict(map(tuple, a)), dict(map(tuple, b))

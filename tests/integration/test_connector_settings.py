@@ -59,7 +59,7 @@ def test_a_cpu_buffer_beyond_the_memory_left_is_refused_before_lmcache_allocates
                     gemma_like(64, num_blocks=64))
 
 
-def test_use_layerwise_is_accepted_and_a_bad_mode_refused_by_the_vllm_connector(model_dir) -> None:
+def test_use_layerwise_is_accepted_and_a_bad_mode_or_lmcaches_async_loading_refused(model_dir) -> None:
     """In a subprocess: see tests/integration/vllm_refusals.py."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("LMCACHE_PLATFORMS_MODE", None)
@@ -68,6 +68,13 @@ def test_use_layerwise_is_accepted_and_a_bad_mode_refused_by_the_vllm_connector(
     refused = json.loads(proc.stdout.strip().splitlines()[-1])
     assert refused["use_layerwise"] is None
     assert refused["bad_mode"] == "ValueError: platforms.mode must be one of bundled, exploded, got 'fused'"
+    # LMCache's own async loading knows none of our chunk parts or recurrent states (under the fuzzer, concurrent
+    # hits of one prefix failed to load and recurrent models answered nothing): refused before its services start.
+    assert refused["lmcache_async_loading"] == (
+        "ValueError: LMCache's enable_async_loading is not supported by lmcache_platforms' connector (LMCache's "
+        "prefetching lookup and load know one object per chunk, none of its parts or recurrent states): set "
+        "enable_async_loading to false; platforms.load_mode=async loads a hit while its request waits, other "
+        "requests running meanwhile")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import lmcache_platforms  # noqa: F401 - activation, as the vllm.general_plugins
 CASES: dict[str, dict[str, Any]] = {
     "use_layerwise": {"lmcache.use_layerwise": True},
     "bad_mode": {"platforms.mode": "fused"},
+    "lmcache_async_loading": {"lmcache.enable_async_loading": True},
 }
 
 

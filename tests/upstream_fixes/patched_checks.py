@@ -269,3 +269,28 @@ def test_0006_a_batch_of_remote_writes_is_in_put_tasks_until_written_and_the_bac
     closing.start()
     closing.join(timeout=10)
     assert not closing.is_alive()
+
+
+def test_0008_closing_the_async_lookup_client_and_server_wakes_their_threads_first(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Upstream's close gave each thread, blocked in ``recv``, one second, then closed its socket and terminated the
+    context under it ("Context was terminated"; libzmq could abort the process). The server's engine records the
+    clean-up the wake-up asks for."""
+    from lmcache.v1.lookup_client.lmcache_async_lookup_client import (
+        LMCacheAsyncLookupClient,
+        LMCacheAsyncLookupServer,
+    )
+
+    metadata = _metadata()
+    metadata.engine_id = f"patched-{uuid.uuid4().hex[:8]}"
+    cleaned: list[str] = []
+    server = LMCacheAsyncLookupServer(SimpleNamespace(cleanup_memory_objs=cleaned.append), metadata)
+    client = LMCacheAsyncLookupClient(_config(), metadata)
+    started = time.perf_counter()
+    client.close()
+    server.close()
+    assert time.perf_counter() - started < 0.5
+    assert not client.thread.is_alive() and not server.thread.is_alive()
+    assert cleaned == ["lmcache-platforms-close"]
+    output = capfd.readouterr()
+    assert "Context was terminated" not in output.out + output.err

@@ -23,7 +23,7 @@ PATCHES = REPO / "patches"
 CHECKS = ["tests/upstream_fixes/patched_checks.py",
           "tests/upstream_fixes/test_dp_device.py::test_a_rank_with_its_own_device_table_gets_that_tables_device",
           "tests/upstream_fixes/test_dp_device.py::test_without_a_device_table_upstreams_offset_stays"]
-CHECK_COUNT = 9  # patched_checks.py's 7 (0003 twice) and test_dp_device.py's 2
+CHECK_COUNT = 10  # patched_checks.py's 8 (0003 twice) and test_dp_device.py's 2
 
 
 def _generator():

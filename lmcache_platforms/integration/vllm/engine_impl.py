@@ -15,6 +15,8 @@ loading, saving and failed-block reporting. Rules on top of upstream's:
     ``kv_load_failure_policy``, and the engine stays up. Only a single-group model in ``sync`` mode loads
     in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
     reports when there are several groups);
+  - LMCache's own asynchronous loading (``enable_async_loading``) is refused before any service starts: its
+    prefetching lookup and its retrieve know one object per chunk, none of our parts or recurrent states;
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
   - every chunk key carries the request's scope (LoRA adapter, cache_salt, the generation a prefix-cache reset
     bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
@@ -54,6 +56,17 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 _contract_logged = False
+
+
+def refuse_lmcache_async_loading(config: Any) -> None:
+    """LMCache's own asynchronous loading is refused before any service starts: its lookup prefetches one object
+    per chunk and its retrieve writes them, knowing none of our chunk parts or recurrent-state snapshots, and under
+    the fuzzer concurrent hits of one prefix failed to load and recurrent models answered nothing."""
+    if getattr(config, "enable_async_loading", False):
+        raise ValueError("LMCache's enable_async_loading is not supported by lmcache_platforms' connector (LMCache's "
+                         "prefetching lookup and load know one object per chunk, none of its parts or recurrent "
+                         "states): set enable_async_loading to false; platforms.load_mode=async loads a hit while "
+                         "its request waits, other requests running meanwhile")
 
 
 class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
@@ -98,6 +111,7 @@ class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
         self.worker_count = vllm_config.parallel_config.tensor_parallel_size
         self.config = lmcache_get_or_create_config()
         self._apply_extra_config(self.config, vllm_config)
+        refuse_lmcache_async_loading(self.config)
         factory = LayoutServiceFactory(self.config, vllm_config, role.name.lower())
         self._manager = LMCacheManager(self.config, factory, connector=self)
         self._manager.start_services()

@@ -155,8 +155,8 @@ class Lifecycle(ImplState):
 
     def _split_chunks(self) -> bool:
         """Chunk parts (``connector.parts``) unless the setting says whole, LMCache's engine brings a load's
-        objects itself (its async loading's prefetching lookup knows one key per chunk; an MLA rank's broadcast,
-        a PD receiver: ``chunk_loads.engine_brings_objects``), or a remote store reads chunks whole (logged)."""
+        objects itself (an MLA rank's broadcast, a PD receiver: ``chunk_loads.engine_brings_objects``), or a remote
+        store reads chunks whole (logged)."""
         split = self.settings.chunk_parts == "window" and not engine_brings_objects(self.lmcache_engine)
         reason = whole_chunk_reader(self.config, self.lmcache_engine) if split else None
         if reason is not None:

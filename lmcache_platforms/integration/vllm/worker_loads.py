@@ -152,8 +152,7 @@ class WorkerLoads(ImplState):
         a single-group model's same-step load), so vLLM recomputes rather than decode from rows never loaded."""
         spec = request.load_spec
         assert spec is not None
-        if not self.async_loading:
-            engine.lookup_unpin(request.req_id)
+        engine.lookup_unpin(request.req_id)
         logger.error("request %s: not loading tokens [%d, %d): the KV caches are unregistered (vLLM sleep mode) "
                      "and restore_kv_caches was not called", request.req_id, spec.vllm_cached_tokens,
                      spec.lmcache_cached_tokens)
@@ -208,8 +207,7 @@ class WorkerLoads(ImplState):
         finally:
             if gate is not None:
                 gate.release()
-            if not self.async_loading:
-                engine.lookup_unpin(request.req_id)
+            engine.lookup_unpin(request.req_id)
             self.stats.timing("load_seconds", time.perf_counter() - started)
             if result is not None:
                 self.stats.count("bytes_loaded", result.bytes)
