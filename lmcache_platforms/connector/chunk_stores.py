@@ -32,7 +32,7 @@ from lmcache.utils import CacheStoreEvent
 from lmcache_platforms.connector.binding import add_group_bytes
 from lmcache_platforms.connector.paged import LayoutGPUConnector
 from lmcache_platforms.connector.parts import objects_per_part, part_configs
-from lmcache_platforms.connector.request import LAYER_GATE, ChunkJob, required_block_ids
+from lmcache_platforms.connector.request import LAYER_GATE, ChunkJob, int64_tensor, required_block_ids
 from lmcache_platforms.layout.parts import ChunkPart
 from lmcache_platforms.log import init_logger
 
@@ -167,7 +167,7 @@ def from_lmcache_arguments(tokens: Any = None, hashes: Any = None, offsets: Any 
     arguments, ``connector.request``); only tokens, not hashes, can key the parts of a chunk."""
     if tokens is None:
         raise ValueError("a store of chunks in parts needs the tokens, not their hashes")
-    tokens = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens))
+    tokens = tokens if isinstance(tokens, torch.Tensor) else int64_tensor(list(tokens))
     return StoreJob(req_id=str(kwargs.get("req_id", "unspecified")), tokens=tokens,
                     block_ids=required_block_ids(kwargs), request_configs=kwargs.get("request_configs") or {},
                     mask=mask, gate=kwargs.get(LAYER_GATE), state_ends=state_ends)

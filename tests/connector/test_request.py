@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from lmcache_platforms.connector.request import block_ids_from, check_chunk
+from lmcache_platforms.connector.request import block_ids_from, check_chunk, int64_tensor
 from lmcache_platforms.kernels.contract import TransferError
 from lmcache_platforms.layout import load_layout_spec
 from lmcache_platforms.tools.fixtures import plan
@@ -36,3 +38,14 @@ def test_partial_chunks_only_for_a_single_saved_group() -> None:
     check_chunk(LLAMA, 256, 300)
     with pytest.raises(TransferError, match=r"chunk \[256, 300\) is partial but the layout saves groups \[0, 1\]"):
         check_chunk(GEMMA, 256, 300)
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300))
+def test_int64_tensor_holds_what_torch_tensor_holds(values: list[int]) -> None:
+    """The fast path for token and block ids: the same dtype, shape and values as ``torch.tensor``, empty too,
+    and a tensor of its own (the list changed afterwards does not change it)."""
+    tensor = int64_tensor(values)
+    assert tensor.dtype == torch.int64 and tensor.device.type == "cpu"
+    assert torch.equal(tensor, torch.tensor(values, dtype=torch.int64))
+    values.append(7)
+    assert tensor.numel() == len(values) - 1

@@ -26,6 +26,7 @@ from lmcache_platforms.connector.chunk_loads import load as load_chunks
 from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
 from lmcache_platforms.connector.poison import poison_blocks
+from lmcache_platforms.connector.request import int64_tensor
 from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm import vllm_compat
 from lmcache_platforms.integration.vllm.async_loads import LoadGuard, LoadResults, StartedLoad
@@ -196,7 +197,7 @@ class WorkerLoads(ImplState):
         self._stats_monitor.update_interval_vllm_hit_tokens(spec.vllm_cached_tokens)
         self._stats_monitor.update_interval_prompt_tokens(len(request.token_ids))
         self._hear_reads(engine)
-        job = LoadJob(req_id=request.req_id, tokens=torch.tensor(request.token_ids[:num_tokens]), mask=mask,
+        job = LoadJob(req_id=request.req_id, tokens=int64_tensor(request.token_ids[:num_tokens]), mask=mask,
                       block_ids=request.blocks_not_held(spec.vllm_cached_tokens, num_tokens),
                       request_configs=with_tags(request.request_configs, self._key_tags), gate=gate, guard=guard,
                       vllm_cached_tokens=spec.vllm_cached_tokens)

@@ -23,6 +23,7 @@ from lmcache_platforms.connector.chunk_stores import StoreJob
 from lmcache_platforms.connector.chunk_stores import store as store_chunks
 from lmcache_platforms.connector.instance_adapter import with_tags
 from lmcache_platforms.connector.layer_gate import LayerGate
+from lmcache_platforms.connector.request import int64_tensor
 from lmcache_platforms.connector.tier_watch import listen
 from lmcache_platforms.integration.vllm.kv_events import (
     ChunkId,
@@ -143,7 +144,7 @@ class WorkerSide(WorkerLoads):
     def _store_job_of(self, request: RequestMeta, mask: torch.Tensor, gate: LayerGate | None) -> StoreJob:
         """The store of ``request``'s tokens ``mask`` marks, with every group's block ids and the key tags; a
         chunk's recurrent state exists only at ``request.state_ends`` (``chunk_stores``)."""
-        return StoreJob(req_id=request.req_id, tokens=torch.tensor(request.token_ids[:len(mask)]),
+        return StoreJob(req_id=request.req_id, tokens=int64_tensor(request.token_ids[:len(mask)]),
                         block_ids=request.block_ids, request_configs=with_tags(request.request_configs,
                                                                                self._key_tags),
                         mask=mask, gate=gate, state_ends=request.state_ends if self.plan.snapshot_groups else None)
