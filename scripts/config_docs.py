@@ -58,9 +58,10 @@ extra_config:
 
 or, for one server, `--kv-transfer-config '{"kv_connector":"LMCachePlatformsConnector","kv_role":"kv_both",
 "kv_connector_extra_config":{"platforms.kernel_backend":"torch"}}'`. LMCache itself is configured as usual
-(`LMCACHE_CONFIG_FILE`, `LMCACHE_*` variables), except its own asynchronous loading (`enable_async_loading`), which
-our connector refuses at start-up: LMCache's prefetching lookup and load know one object per chunk, none of our
-chunk parts or recurrent states. `platforms.load_mode: async` loads a hit while its request waits instead.
+(`LMCACHE_CONFIG_FILE`, `LMCACHE_*` variables), except two modes our connector refuses at start-up: its own
+asynchronous loading (`enable_async_loading`: LMCache's prefetching lookup and load know one object per chunk, none
+of our chunk parts or recurrent states; `platforms.load_mode: async` loads a hit while its request waits instead)
+and CacheBlend (`enable_blending`).
 """
 
 OUTRO = """A group that can be neither restored nor proven unnecessary (e.g. recurrent state without per-block

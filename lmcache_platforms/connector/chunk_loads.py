@@ -17,7 +17,7 @@ state set around a call, or counters read before and after. The load:
 LMCache's own ``retrieve`` still serves the modes where its engine brings the objects itself (an MLA rank that
 receives them by broadcast; a PD receiver), with the job as its keyword arguments (``connector.request``); a
 corrupt object then fails the load through the guard. LMCache's asynchronous loading is refused at start-up
-(``engine_impl.refuse_lmcache_async_loading``).
+(``engine_impl.refuse_unsupported_lmcache_modes``).
 """
 
 from __future__ import annotations

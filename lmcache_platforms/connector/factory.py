@@ -16,9 +16,8 @@ from lmcache_platforms.config import connector_settings
 
 
 def layout_connector(config: Any, metadata: Any) -> Any:
-    """The connector a vLLM engine gets: paged, or layerwise when the config asks for it."""
-    if getattr(config, "enable_blending", False):
-        raise ValueError("config.enable_blending is not supported by the lmcache_platforms connector")
+    """The connector a vLLM engine gets: paged, or layerwise when the config asks for it (CacheBlend was refused
+    when the impl was built: ``engine_impl.refuse_unsupported_lmcache_modes``)."""
     # The metadata is the only place vLLM's kv_connector_extra_config reaches this factory.
     settings = connector_settings(config, getattr(metadata, "kv_connector_extra_config", None))
     if getattr(config, "use_layerwise", False):

@@ -59,12 +59,6 @@ def test_layerwise_config_gets_the_layerwise_connector_sized_by_the_engine_layer
     assert connector.num_layers == 4 and connector.kernel_backend == "auto"
 
 
-def test_blending_is_refused() -> None:
-    config = LMCacheEngineConfig.from_defaults(chunk_size=64, enable_blending=True)
-    with pytest.raises(ValueError, match="enable_blending is not supported"):
-        create_gpu_connector(config, _metadata(), EngineType.VLLM)
-
-
 def test_a_vllm_engine_not_built_by_our_impl_gets_upstreams_connector() -> None:
     """Upstream's adapter kept (LMCACHE_PLATFORMS_KEEP_UPSTREAM_ADAPTER) or vLLM's own copy of it: upstream's
     factory answers, which has no CPU connector; ours would get per-token slots it does not read."""

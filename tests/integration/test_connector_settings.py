@@ -75,6 +75,10 @@ def test_use_layerwise_is_accepted_and_a_bad_mode_or_lmcaches_async_loading_refu
         "prefetching lookup and load know one object per chunk, none of its parts or recurrent states): set "
         "enable_async_loading to false; platforms.load_mode=async loads a hit while its request waits, other "
         "requests running meanwhile")
+    # CacheBlend: the scheduler used to accept it and the worker's engine then ran degraded.
+    assert refused["lmcache_blending"] == (
+        "ValueError: LMCache's enable_blending is not supported by lmcache_platforms' connector (CacheBlend keys and "
+        "loads token segments, not the chunks our layouts move): set enable_blending to false")
 
 
 @pytest.fixture(scope="module")

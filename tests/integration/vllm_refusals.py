@@ -18,6 +18,7 @@ CASES: dict[str, dict[str, Any]] = {
     "use_layerwise": {"lmcache.use_layerwise": True},
     "bad_mode": {"platforms.mode": "fused"},
     "lmcache_async_loading": {"lmcache.enable_async_loading": True},
+    "lmcache_blending": {"lmcache.enable_blending": True},
 }
 
 

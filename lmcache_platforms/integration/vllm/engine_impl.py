@@ -15,8 +15,9 @@ loading, saving and failed-block reporting. Rules on top of upstream's:
     ``kv_load_failure_policy``, and the engine stays up. Only a single-group model in ``sync`` mode loads
     in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
     reports when there are several groups);
-  - LMCache's own asynchronous loading (``enable_async_loading``) is refused before any service starts: its
-    prefetching lookup and its retrieve know one object per chunk, none of our parts or recurrent states;
+  - LMCache's own asynchronous loading (``enable_async_loading``: its prefetching lookup and its retrieve know one
+    object per chunk, none of our parts or recurrent states) and CacheBlend (``enable_blending``) are refused
+    before any service starts;
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
   - every chunk key carries the request's scope (LoRA adapter, cache_salt, the generation a prefix-cache reset
     bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
@@ -58,15 +59,23 @@ logger = init_logger(__name__)
 _contract_logged = False
 
 
-def refuse_lmcache_async_loading(config: Any) -> None:
-    """LMCache's own asynchronous loading is refused before any service starts: its lookup prefetches one object
-    per chunk and its retrieve writes them, knowing none of our chunk parts or recurrent-state snapshots, and under
-    the fuzzer concurrent hits of one prefix failed to load and recurrent models answered nothing."""
-    if getattr(config, "enable_async_loading", False):
-        raise ValueError("LMCache's enable_async_loading is not supported by lmcache_platforms' connector (LMCache's "
-                         "prefetching lookup and load know one object per chunk, none of its parts or recurrent "
-                         "states): set enable_async_loading to false; platforms.load_mode=async loads a hit while "
-                         "its request waits, other requests running meanwhile")
+UNSUPPORTED_LMCACHE_MODES = {
+    "enable_async_loading": "LMCache's prefetching lookup and load know one object per chunk, none of its parts or "
+                            "recurrent states): set enable_async_loading to false; platforms.load_mode=async loads "
+                            "a hit while its request waits, other requests running meanwhile",
+    "enable_blending": "CacheBlend keys and loads token segments, not the chunks our layouts move): set "
+                       "enable_blending to false",
+}
+"""LMCache modes our connector refuses, each with why and what to set (under the fuzzer, async loading failed
+concurrent hits of one prefix and recurrent models answered nothing; blending left the worker degraded)."""
+
+
+def refuse_unsupported_lmcache_modes(config: Any) -> None:
+    """Refuse, before any service starts, an LMCache mode our connector cannot serve (``UNSUPPORTED_LMCACHE_MODES``):
+    otherwise the scheduler accepts it and the worker's engine fails later, or serves wrongly."""
+    for key, why in UNSUPPORTED_LMCACHE_MODES.items():
+        if getattr(config, key, False):
+            raise ValueError(f"LMCache's {key} is not supported by lmcache_platforms' connector ({why}")
 
 
 class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
@@ -111,7 +120,7 @@ class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
         self.worker_count = vllm_config.parallel_config.tensor_parallel_size
         self.config = lmcache_get_or_create_config()
         self._apply_extra_config(self.config, vllm_config)
-        refuse_lmcache_async_loading(self.config)
+        refuse_unsupported_lmcache_modes(self.config)
         factory = LayoutServiceFactory(self.config, vllm_config, role.name.lower())
         self._manager = LMCacheManager(self.config, factory, connector=self)
         self._manager.start_services()
