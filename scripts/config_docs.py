@@ -58,10 +58,11 @@ extra_config:
 
 or, for one server, `--kv-transfer-config '{"kv_connector":"LMCachePlatformsConnector","kv_role":"kv_both",
 "kv_connector_extra_config":{"platforms.kernel_backend":"torch"}}'`. LMCache itself is configured as usual
-(`LMCACHE_CONFIG_FILE`, `LMCACHE_*` variables), except two modes our connector refuses at start-up: its own
-asynchronous loading (`enable_async_loading`: LMCache's prefetching lookup and load know one object per chunk, none
-of our chunk parts or recurrent states; `platforms.load_mode: async` loads a hit while its request waits instead)
-and CacheBlend (`enable_blending`).
+(`LMCACHE_CONFIG_FILE`, `LMCACHE_*` variables), except what our connector refuses at start-up: LMCache's own
+asynchronous loading (`enable_async_loading`: its prefetching lookup and load know one object per chunk, none of
+our chunk parts or recurrent states; `platforms.load_mode: async` loads a hit while its request waits instead),
+CacheBlend (`enable_blending`), and any `remote_serde` but `naive` (LMCache's codecs re-encode an object as its own
+KV layout; ours are chunk objects with their own layout and checksum).
 """
 
 OUTRO = """A group that can be neither restored nor proven unnecessary (e.g. recurrent state without per-block

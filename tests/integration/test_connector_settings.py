@@ -79,6 +79,12 @@ def test_use_layerwise_is_accepted_and_a_bad_mode_or_lmcaches_async_loading_refu
     assert refused["lmcache_blending"] == (
         "ValueError: LMCache's enable_blending is not supported by lmcache_platforms' connector (CacheBlend keys and "
         "loads token segments, not the chunks our layouts move): set enable_blending to false")
+    # A remote serde other than naive: cachegen ended the engine at its first store (an object reshaped as
+    # LMCache's own KV layout).
+    assert refused["cachegen_serde"] == (
+        "ValueError: LMCache's remote_serde 'cachegen' is not supported by lmcache_platforms' connector (its codec "
+        "re-encodes an object as LMCache's own KV layout; ours are chunk objects with their own layout and "
+        "checksum): set remote_serde to naive")
 
 
 @pytest.fixture(scope="module")

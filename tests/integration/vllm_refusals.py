@@ -19,6 +19,7 @@ CASES: dict[str, dict[str, Any]] = {
     "bad_mode": {"platforms.mode": "fused"},
     "lmcache_async_loading": {"lmcache.enable_async_loading": True},
     "lmcache_blending": {"lmcache.enable_blending": True},
+    "cachegen_serde": {"lmcache.remote_serde": "cachegen"},
 }
 
 

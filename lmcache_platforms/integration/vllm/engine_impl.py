@@ -16,8 +16,8 @@ loading, saving and failed-block reporting. Rules on top of upstream's:
     in the step that computes it, reporting failed blocks with the group's block size (vLLM refuses block
     reports when there are several groups);
   - LMCache's own asynchronous loading (``enable_async_loading``: its prefetching lookup and its retrieve know one
-    object per chunk, none of our parts or recurrent states) and CacheBlend (``enable_blending``) are refused
-    before any service starts;
+    object per chunk, none of our parts or recurrent states), CacheBlend (``enable_blending``) and remote serdes
+    other than ``naive`` are refused before any service starts;
   - degraded mode (engine init failed) is logged as an error and reported by ``health.engine_health``;
   - every chunk key carries the request's scope (LoRA adapter, cache_salt, the generation a prefix-cache reset
     bumps: ``request_scope``) and the model's identity (``model_identity``), besides the layout fingerprint;
@@ -71,11 +71,18 @@ concurrent hits of one prefix and recurrent models answered nothing; blending le
 
 
 def refuse_unsupported_lmcache_modes(config: Any) -> None:
-    """Refuse, before any service starts, an LMCache mode our connector cannot serve (``UNSUPPORTED_LMCACHE_MODES``):
-    otherwise the scheduler accepts it and the worker's engine fails later, or serves wrongly."""
+    """Refuse, before any service starts, an LMCache mode our connector cannot serve (``UNSUPPORTED_LMCACHE_MODES``,
+    and a remote serde other than ``naive``): otherwise the scheduler accepts it and the worker's engine fails
+    later, or serves wrongly (``remote_serde: cachegen`` ended the engine at its first store: LMCache's codecs
+    reshape an object as its own KV layout)."""
     for key, why in UNSUPPORTED_LMCACHE_MODES.items():
         if getattr(config, key, False):
             raise ValueError(f"LMCache's {key} is not supported by lmcache_platforms' connector ({why}")
+    serde = getattr(config, "remote_serde", None)
+    if serde not in (None, "naive"):
+        raise ValueError(f"LMCache's remote_serde {serde!r} is not supported by lmcache_platforms' connector (its "
+                         "codec re-encodes an object as LMCache's own KV layout; ours are chunk objects with their "
+                         "own layout and checksum): set remote_serde to naive")
 
 
 class MultiGroupConnectorImpl(Lifecycle, SchedulerSide, WorkerSide):
