@@ -202,12 +202,13 @@ def draw_case(seed: int, pages_only: bool, requests: int = 12, fixed: dict[str, 
     return Case(seed, settings, batches, aborted=aborted, aborted_waiting=waiting, fixed=dict(fixed or {}))
 
 
-def allowed_hits(case: Case, prestored: bool = False) -> list[tuple[int, int] | None]:
+def allowed_hits(case: Case, prestored: bool = False, chunk: int | None = None) -> list[tuple[int, int] | None]:
     """Per request, the range of LMCache hits the stored chunks allow: whole chunks of earlier prompts, at most
     all but the prompt's last token, the low end without the chunks of aborted requests (which may or may not
     have been stored), the high end with them; None where a batch's requests could see each other's stores.
-    ``prestored``: every prompt's chunks were stored before the pass (a consumer after its producer)."""
-    chunk = case.settings["chunk_size"]
+    ``prestored``: every prompt's chunks were stored before the pass (a consumer after its producer). ``chunk``:
+    the chunk size the pass ran with, where the connector raised the drawn one (a recurrent model's vLLM block)."""
+    chunk = chunk or case.settings["chunk_size"]
 
     def chunks(prompt: list[int]) -> set[tuple[int, ...]]:
         return {tuple(prompt[:end]) for end in range(chunk, len(prompt) + 1, chunk)}

@@ -126,7 +126,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             llm.reset_prefix_cache()
     pinned = pinned_objects()
     llm.llm_engine.engine_core.shutdown()
-    return {"hma": hma, "answers": answers, "pinned": pinned, "aborted_waiting": aborted_waiting}
+    return {"hma": hma, "answers": answers, "pinned": pinned, "aborted_waiting": aborted_waiting,
+            "chunk_size": _chunk_size_in_effect()}
+
+
+def _chunk_size_in_effect() -> int:
+    """LMCache's chunk size as our impl set it: a recurrent hybrid's states are kept once per vLLM block, so a
+    chunk size that is not a multiple of it is raised to one (vLLM's block in align mode grows with an fp8 cache:
+    384 tokens for the Qwen3-Next-like model, whose case drew 256)."""
+    from lmcache.integration.vllm.utils import lmcache_get_or_create_config
+
+    return int(lmcache_get_or_create_config().chunk_size)
 
 
 def main(argv: list[str]) -> int:

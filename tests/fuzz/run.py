@@ -182,7 +182,7 @@ def compare(case: Case, reference: dict[str, Any], run: dict[str, Any], prestore
     if run.get("pinned"):
         problems.append(f"{run['pinned']} objects still pinned in LMCache's CPU tier after the pass")
     case.waiting_aborts += run.get("aborted_waiting", 0)
-    allowed = allowed_hits(case, prestored)
+    allowed = allowed_hits(case, prestored, run.get("chunk_size"))
     exact = case.settings["tier"] == "cpu" and not case.settings["prefix_caching"] and not case.recurrent
     index = 0
     for number, batch in enumerate(case.batches):
