@@ -3,7 +3,8 @@ blocked in ``recv`` is woken and returns before its socket is closed, so nothing
 aborted vLLM at shutdown: ``pfd.revents & POLLIN``, found by ``bench --engine`` with ``enable_async_loading``).
 
 Upstream's close waited a second for each thread, then terminated the context under it: the threads logged
-"Context was terminated", or the process aborted (a race decides which): the negative control accepts either.
+"Context was terminated", or the process aborted, or hung (a race decides which): the negative control accepts
+each.
 Ours must show neither, and close in a fraction of a second."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 
 import pytest
 
@@ -20,11 +22,16 @@ pytestmark = pytest.mark.slow
 
 CONTEXT_TERMINATED = "Context was terminated"
 ABORTED = "Assertion failed: pfd.revents & POLLIN"
+HUNG_AFTER_S = 45.0  # making the engine and closing take under 10 s here
 
 
-def _close_pair(variant: str) -> tuple[int, str]:
-    """The exit status and the whole output of ``async_lookup_pair`` in a child."""
-    result = run_module("tests.reliability.async_lookup_pair", [variant], dict(os.environ), timeout=120)
+def _close_pair(variant: str, timeout: float) -> tuple[int | None, str]:
+    """The exit status and the whole output of ``async_lookup_pair`` in a child; None: it hung past ``timeout``
+    (killed)."""
+    try:
+        result = run_module("tests.reliability.async_lookup_pair", [variant], dict(os.environ), timeout=timeout)
+    except subprocess.TimeoutExpired as hung:
+        return None, f"{hung.output or ''}{hung.stderr or ''}"
     return result.returncode, result.stdout + result.stderr
 
 
@@ -36,7 +43,7 @@ def _closed(output: str) -> tuple[float, str]:
 
 
 def test_closing_wakes_each_thread_before_its_socket_closes() -> None:
-    status, output = _close_pair("ours")
+    status, output = _close_pair("ours", timeout=120)
     assert status == 0, output
     seconds, alive = _closed(output)
     assert alive == "False False"
@@ -45,9 +52,12 @@ def test_closing_wakes_each_thread_before_its_socket_closes() -> None:
 
 
 def test_upstream_close_terminates_the_context_under_blocked_threads() -> None:
-    """Negative control: with LMCache's own close, the process aborts in libzmq, or each thread is given up after
-    its one-second join and its ``recv`` fails as the context goes."""
-    status, output = _close_pair("upstream")
+    """Negative control: with LMCache's own close, the process aborts in libzmq, hangs in the context's
+    termination (seen once in a full suite run), or each thread is given up after its one-second join and its
+    ``recv`` fails as the context goes."""
+    status, output = _close_pair("upstream", timeout=HUNG_AFTER_S)
+    if status is None:
+        return  # hung: killed after HUNG_AFTER_S
     if status != 0:
         assert status == -signal.SIGABRT and ABORTED in output, output
         return
