@@ -21,7 +21,7 @@ from tests.fork_server import run_module
 pytestmark = pytest.mark.slow
 
 CONTEXT_TERMINATED = "Context was terminated"
-ABORTED = "Assertion failed: pfd.revents & POLLIN"
+ABORTED = "Assertion failed: "  # libzmq's, e.g. pfd.revents & POLLIN (signaler.cpp) or _term_acks > 0 (own.cpp)
 HUNG_AFTER_S = 45.0  # making the engine and closing take under 10 s here
 
 
