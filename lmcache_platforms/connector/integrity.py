@@ -147,5 +147,5 @@ class ObjectIntegrity:
         hasher = self.device_hasher
         if not self.on_device or hasher is None or not hasher.aligned(payload_bytes):
             return None
-        stripes = -(-payload_bytes // checksum.STRIPE_BYTES)
-        return torch.empty((objects, stripes), dtype=torch.int32, pin_memory=self.device.type != "cpu")
+        return torch.empty((objects, checksum.stripe_count(payload_bytes)), dtype=torch.int32,
+                           pin_memory=self.device.type != "cpu")
